@@ -485,6 +485,7 @@ def pack_wheel(base_wheel: Path, tree_pkg_root: Path, version: str, out_dir: Pat
                 bad = check.testzip()
                 if bad:
                     raise BuildError(f"packed wheel failed its CRC check at {bad}")
+            os.chmod(tmp, 0o644)
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
@@ -528,6 +529,7 @@ def add_files_to_wheel(wheel: Path, files: dict[str, bytes], final: Path) -> Non
                 w.writerows(rows)
                 w.writerow([record_name, "", ""])
                 dst.writestr(record_name, buf.getvalue())
+            os.chmod(tmp, 0o644)
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
@@ -714,17 +716,20 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--list", action="store_true", help="list the series with descriptions and whether each applies")
     g.add_argument("--edit", action="store_true", help="leave build/tree with one commit per patch for rebase -i")
     g.add_argument("--refresh", action="store_true", help="write build/tree's commits back to patches/")
+    g.add_argument("--tree", action="store_true",
+                   help="apply the series and install kernels into the tree only (no wheel; for tests/PYTHONPATH)")
     ap.add_argument("--upto", metavar="NNNN", help="apply the series up to and including this patch")
     ap.add_argument("--without", metavar="NNNN[,NNNN]", help="leave these patches out")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--base-wheel", metavar="FILE", help="overlay the series on this wheel (e.g. vllm_cscc's)")
     src.add_argument("--source", metavar="DIR", help="apply the series to a source checkout and run its wheel build")
     ap.add_argument("--dist", metavar="DIR", default=None, help="output folder (default dist/)")
+    ap.add_argument("--tree-dir", metavar="DIR", default=None, help="work tree (default build/tree)")
     args = ap.parse_args(argv)
 
     repo = REPO
     out_dir = Path(args.dist) if args.dist else repo / "dist"
-    tree = repo / "build" / "tree"
+    tree = Path(args.tree_dir).resolve() if args.tree_dir else repo / "build" / "tree"
     try:
         all_patches = load_series(repo)
         check_headers(all_patches)
@@ -756,6 +761,14 @@ def main(argv: list[str] | None = None) -> int:
             prepare_tree(repo, base, chosen, tree)
             log(f"edit    {tree}: one commit per patch on top of tag dcu-base. Edit with "
                 f"`git -C {tree} rebase -i dcu-base` (keep each commit's Patch-Name trailer), then ./build.sh --refresh")
+            return 0
+        if args.tree:
+            prepare_tree(repo, base, chosen, tree)
+            kernels_sha = install_kernels(tree, repo, tree)
+            version = make_version(base.version, chosen, kernels_sha)
+            write_patchset_json(tree, patchset_record(base.wheel.name, base.sha256, base.version, version, chosen,
+                                                      kernels_sha))
+            log(f"tree    {tree} ready ({len(chosen)} patches + kernels, version {version}; not stamped)")
             return 0
         if args.ablation:
             abl = out_dir / "ablation"

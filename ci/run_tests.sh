@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The project's test command (README): CPU test suite in a cached virtual environment.
+#   ci/run_tests.sh [pytest args]       e.g. ci/run_tests.sh -q ; ci/run_tests.sh -q tests/test_build.py
+# Creates $VLLM_DCU_VENV (default ~/.cache/vllm-dcu/venv-cpu) on first use and installs ci/requirements-cpu.txt
+# (torch CPU build, triton for its CPU interpreter, vLLM's pure-Python deps); reinstalls when that file changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VLLM_DCU_VENV:-$HOME/.cache/vllm-dcu/venv-cpu}
+PY3=${PYTHON3:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "test-env: creating $VENV"
+  "$PY3" -m venv "$VENV"
+fi
+want=$(sha256sum ci/requirements-cpu.txt | cut -d' ' -f1)
+if [ "$(cat "$VENV/.requirements.sha256" 2>/dev/null)" != "$want" ]; then
+  echo "test-env: installing ci/requirements-cpu.txt (first run: a few minutes)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r ci/requirements-cpu.txt
+  echo "$want" > "$VENV/.requirements.sha256"
+fi
+export PYTHON="$VENV/bin/python"
+exec "$VENV/bin/python" -m pytest "$@"
