@@ -1,0 +1,362 @@
+"""Microbenchmark: split-KV decode attention vs vLLM 0.18.1's unified_attention (as TRITON_ATTN calls it).
+
+    python -m kernels.decode_attention.bench [--quick] [--out DIR]
+
+Qwen3.5-27B attention shapes (24 q / 4 kv heads x 256), batch {1, 4, 16, 64} x context {4K, 8K, 16K,
+32K}, KV dtypes bf16 (block 784), fp8 per-token-head with hardware and with software e4m3 decode,
+int8 per-token-head (block 1552). Every call is captured in a CUDA/HIP graph and replayed; the time
+covers both stages. GB/s = KV bytes read (codes + scales for 8-bit) / time, compared with a measured
+device copy (read + write bytes / time). Pages are scattered at random over a pool of 64 x 32K tokens.
+
+First a sweep over launch parameters (BLOCK_N, num_warps, num_stages) and the split policy
+(programs_per_cu, min_split_tokens) picks one configuration per KV width; the main table runs with
+it and the script prints the launch_params entry to paste. --quick skips the sweep and uses the
+table (or VLLM_DCU_DECODE_PARAMS).
+
+Baseline: ``vllm.v1.attention.ops.triton_unified_attention.unified_attention`` if vllm imports,
+else the file named by VLLM_DCU_BASELINE_UA (0.18.1's triton_unified_attention.py, loaded with
+stand-ins for its four vllm imports); without either the baseline columns stay empty.
+
+Writes <date>-<device>-decode-attention.{json,md,png} into --out (default $OUT or bench/results/)
+and prints the markdown table last.
+"""
+import argparse
+import datetime
+import importlib.util
+import itertools
+import json
+import logging
+import math
+import os
+import sys
+import time
+import types
+
+import torch
+import triton
+
+from ..kv_quant.layout import kv_cache_shape, split_kv_cache
+from . import launch_params
+from .decode_attention import decode_attention, workspace_numel
+
+HQ, HKV, D = 24, 4, 256
+BATCHES = (1, 4, 16, 64)
+CTXS = (4096, 8192, 16384, 32768)
+BLOCK = {"bf16": 784, "8bit": 1552}
+DTYPES = ("bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth")
+SCALE = 1.0 / 16
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- baseline -----------------------------------------------------------------------------------
+
+def load_unified_attention():
+    try:
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+        import vllm
+
+        return unified_attention, f"vllm {vllm.__version__} (installed)"
+    except Exception as e:  # noqa: BLE001 - any failure means: use the file, or no baseline
+        why = f"{type(e).__name__}: {e}"
+    path = os.environ.get("VLLM_DCU_BASELINE_UA")
+    if not path:
+        return None, f"no baseline (vllm import failed: {why}; VLLM_DCU_BASELINE_UA not set)"
+    stubs = {
+        "vllm": types.ModuleType("vllm"),
+        "vllm.logger": types.SimpleNamespace(init_logger=logging.getLogger),
+        "vllm.model_executor.layers.batch_invariant": types.SimpleNamespace(vllm_is_batch_invariant=lambda: False),
+        "vllm.platforms": types.SimpleNamespace(
+            current_platform=types.SimpleNamespace(fp8_dtype=lambda: torch.float8_e4m3fn)),
+        "vllm.triton_utils": types.SimpleNamespace(tl=triton.language, triton=triton),
+    }
+    saved = {k: sys.modules.get(k) for k in stubs}
+    sys.modules.update(stubs)
+    try:
+        spec = importlib.util.spec_from_file_location("ua_baseline_0181", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    return mod.unified_attention, f"{path} (loaded with stand-ins for its vllm imports)"
+
+
+# --- setup --------------------------------------------------------------------------------------
+
+def copy_bandwidth():
+    n = 2 * 1024**3
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+class Pools:
+    """One bf16 page pool and one per-token-head uint8 pool, each big enough for 64 x 32K tokens."""
+
+    def __init__(self):
+        max_tokens = max(BATCHES) * max(CTXS)
+        nb16 = max(BATCHES) * math.ceil(max(CTXS) / BLOCK["bf16"])
+        self.kv16 = torch.randn(nb16, 2, BLOCK["bf16"], HKV, D, dtype=torch.bfloat16, device="cuda")
+        nb8 = max(BATCHES) * math.ceil(max(CTXS) / BLOCK["8bit"])
+        self.kv8 = torch.randint(0, 256, kv_cache_shape(nb8, BLOCK["8bit"], HKV, D), dtype=torch.uint8, device="cuda")
+        self.kv8 &= 0x77  # no fp8 NaN codes (0x7F / 0xFF)
+        k_codes, v_codes, k_scales, v_scales = split_kv_cache(self.kv8, D)
+        k_scales.uniform_(1e-3, 1e-2)
+        v_scales.uniform_(1e-3, 1e-2)
+        self.views8 = (k_codes, v_codes, k_scales, v_scales)
+        self.max_tokens = max_tokens
+
+    def case(self, dtype, batch, ctx, seed=0):
+        kind = "bf16" if dtype == "bf16" else "8bit"
+        bs = BLOCK[kind]
+        nblk = math.ceil(ctx / bs)
+        pool_blocks = (self.kv16 if kind == "bf16" else self.kv8).shape[0]
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        bt = torch.randperm(pool_blocks, device="cuda", generator=g)[: batch * nblk].view(batch, nblk).to(torch.int32)
+        q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device="cuda", generator=g)
+        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        c = dict(q=q, block_table=bt, seq_lens=seq_lens, out=torch.empty_like(q))
+        if kind == "bf16":
+            k, v = self.kv16.unbind(1)
+            c.update(k=k, v=v, kv_bytes=batch * ctx * HKV * D * 2 * 2)
+        else:
+            k, v, ks, vs = self.views8
+            c.update(k=k, v=v, k_scales=ks, v_scales=vs, kv_quant=dtype.split("_")[0],
+                     software_fp8=dtype.endswith("_sw"), kv_bytes=batch * ctx * HKV * (D + 4) * 2)
+        return c
+
+
+def ours_fn(c, num_splits=None):
+    kw = {}
+    if "kv_quant" in c:
+        kw = dict(k_scales=c["k_scales"], v_scales=c["v_scales"], kv_quant=c["kv_quant"], software_fp8=c["software_fp8"])
+    ws = torch.empty(workspace_numel(c["q"].shape[0], HQ, HKV, D, c["q"].device, kv8="kv_quant" in c,
+                                     num_splits=num_splits), dtype=torch.float32, device="cuda")
+
+    def fn():
+        decode_attention(c["q"], c["k"], c["v"], c["block_table"], c["seq_lens"], SCALE, c["out"], workspace=ws,
+                         num_splits=num_splits, **kw)
+    return fn
+
+
+def baseline_fn(ua, c, ctx):
+    batch = c["q"].shape[0]
+    thr, seg = 128 // HKV, 16  # TRITON_ATTN: seq_threshold_3D = 128 // kv heads, 16 segments
+    so = torch.empty(thr, HQ, seg, triton.next_power_of_2(D), dtype=torch.float32, device="cuda")
+    sm = torch.empty(thr, HQ, seg, dtype=torch.float32, device="cuda")
+    se = torch.empty(thr, HQ, seg, dtype=torch.float32, device="cuda")
+    cu_q = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
+    ones = torch.ones(batch, HKV, dtype=torch.float32, device="cuda")
+
+    def fn():
+        ua(c["q"], c["k"], c["v"], c["out"], cu_q, 1, c["seq_lens"], ctx, SCALE, True, (-1, -1), c["block_table"], 0,
+           None, ones, ones, seq_threshold_3D=thr, num_par_softmax_segments=seg, softmax_segm_output=so,
+           softmax_segm_max=sm, softmax_segm_expsum=se)
+    return fn
+
+
+def time_graph(fn, rep=100):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ms = triton.testing.do_bench(g.replay, warmup=20, rep=rep, return_mode="median")
+    del g
+    return ms * 1e3  # us
+
+
+# --- sweep --------------------------------------------------------------------------------------
+
+def launch_grid():
+    if torch.version.hip:
+        return [dict(BLOCK_N=bn, num_warps=w, num_stages=s, waves_per_eu=we, matrix_instr_nonkdim=16)
+                for bn, w, s, we in itertools.product((16, 32, 64), (4, 8), (1, 2), (1, 2))]
+    return [dict(BLOCK_N=bn, num_warps=w, num_stages=s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))]
+
+
+SWEEP_SHAPES = ((1, 32768), (4, 16384), (16, 8192), (64, 8192))
+SPLIT_SHAPES = ((1, 4096), (1, 8192), (1, 32768), (4, 8192), (16, 8192))
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def with_params(override, fn_make):
+    os.environ[launch_params.ENV_VAR] = json.dumps(override)
+    try:
+        return fn_make()
+    finally:
+        os.environ.pop(launch_params.ENV_VAR, None)
+
+
+def measure(pools, dtype, shapes, override, rep=50):
+    times = []
+    for batch, ctx in shapes:
+        c = pools.case(dtype, batch, ctx)
+        times.append(with_params(override, lambda: time_graph(ours_fn(c), rep=rep)))
+    return times
+
+
+def sweep(pools, rows):
+    best = {}
+    for kind, dtype in (("kv16", "bf16"), ("kv8", "int8_pth")):
+        scored = []
+        for cfg in launch_grid():
+            t0 = time.time()
+            try:
+                times = measure(pools, dtype, SWEEP_SHAPES, {kind: cfg})
+            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: record and go on
+                rows.append(dict(sweep="launch", kv=kind, config=cfg, error=f"{type(e).__name__}: {str(e)[:120]}"))
+                continue
+            scored.append((geomean(times), cfg))
+            rows.append(dict(sweep="launch", kv=kind, config=cfg, shapes=SWEEP_SHAPES, us=[round(t, 1) for t in times],
+                             geomean_us=round(scored[-1][0], 2)))
+            log(f"sweep {kind} {cfg}: {[round(t, 1) for t in times]} us ({time.time() - t0:.1f} s)")
+        best[kind] = min(scored, key=lambda x: x[0])[1]
+    split_scored = []
+    for ppc, msplit in itertools.product((1, 2, 3, 4, 8), (128, 256, 512)):
+        override = dict(kv16=best["kv16"], programs_per_cu=ppc, min_split_tokens=msplit)
+        times = measure(pools, "bf16", SPLIT_SHAPES, override)
+        split_scored.append((geomean(times), ppc, msplit))
+        rows.append(dict(sweep="splits", programs_per_cu=ppc, min_split_tokens=msplit, shapes=SPLIT_SHAPES,
+                         us=[round(t, 1) for t in times], geomean_us=round(split_scored[-1][0], 2)))
+        log(f"sweep splits ppc={ppc} min_split={msplit}: {[round(t, 1) for t in times]} us")
+    _, ppc, msplit = min(split_scored)
+    return dict(kv16=best["kv16"], kv8=best["kv8"], programs_per_cu=ppc, min_split_tokens=msplit)
+
+
+# --- report -------------------------------------------------------------------------------------
+
+def plot(rows, copy_gbps, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(BATCHES), figsize=(4 * len(BATCHES), 3.6), sharey=True)
+    for ax, batch in zip(axes, BATCHES):
+        for dtype in DTYPES + ("baseline_bf16",):
+            pts = [(r["ctx"], r["GBps"]) for r in rows if r["batch"] == batch and r["dtype"] == dtype]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=dtype, linestyle="--" if dtype.startswith("baseline") else "-")
+        ax.axhline(copy_gbps, color="k", linewidth=0.8)
+        ax.text(CTXS[0], copy_gbps * 1.01, "device copy", fontsize=7)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(CTXS, [f"{c // 1024}K" for c in CTXS])
+        ax.set_title(f"batch {batch}")
+        ax.set_xlabel("context")
+    axes[0].set_ylabel("KV bytes read / time (GB/s)")
+    axes[0].set_ylim(0, copy_gbps * 1.1)
+    axes[-1].legend(fontsize=7)
+    fig.suptitle("decode attention, Qwen3.5-27B (24/4 heads x 256): achieved bandwidth vs the copy roof")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def markdown(meta, rows):
+    out = [f"# Decode attention: {meta['device']}", "", f"Command: `{meta['command']}`", "",
+           f"Device copy bandwidth (read + write): {meta['copy_GBps']:.0f} GB/s. Baseline: {meta['baseline']}.",
+           f"Configuration: target `{meta['target']}`, {json.dumps(meta['config'])}"
+           f" ({'from the sweep' if meta['swept'] else 'from launch_params / env'}).",
+           "Times in us per call (both stages), CUDA-graph replay, median. GB/s = KV bytes read / time;"
+           " % = of copy bandwidth; x UA = speedup over unified_attention on bf16 KV;"
+           " x bf16 = our time / our bf16 time.", "",
+           "| dtype | batch | ctx | splits | us | GB/s | % copy | UA us | x UA | x bf16 |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["dtype"].startswith("baseline"):
+            continue
+        out.append(f"| {r['dtype']} | {r['batch']} | {r['ctx'] // 1024}K | {r['splits']} | {r['us']:.1f} | "
+                   f"{r['GBps']:.0f} | {r['pct_copy']:.0f}% | {r.get('baseline_us', '') or '-'} | "
+                   f"{r.get('speedup_vs_ua', '') or '-'} | {r.get('ratio_vs_bf16', '') or '-'} |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="skip the parameter sweep")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("error: bench needs a CUDA/HIP GPU (torch.cuda.is_available() is False)")
+    launch_params.get_params(launch_params.current_target())  # bad VLLM_DCU_DECODE_PARAMS fails here, once
+    t_start = time.time()
+    os.makedirs(args.out, exist_ok=True)
+    props = torch.cuda.get_device_properties(0)
+    target = launch_params.current_target()
+    ua, ua_src = load_unified_attention()
+    log(f"device {props.name} ({target}, {props.multi_processor_count} CUs); baseline: {ua_src}")
+    copy_gbps = copy_bandwidth()
+    log(f"device copy bandwidth: {copy_gbps:.0f} GB/s")
+    pools = Pools()
+
+    sweep_rows = []
+    user_env = os.environ.pop(launch_params.ENV_VAR, None)
+    if args.quick:
+        config = json.loads(user_env) if user_env else {}
+    else:
+        config = sweep(pools, sweep_rows)
+        log(f"sweep done in {time.time() - t_start:.0f} s: {config}")
+    entry = launch_params.get_params(target, override=json.dumps(config))
+
+    rows, ours_bf16 = [], {}
+    for dtype in DTYPES:
+        for batch, ctx in itertools.product(BATCHES, CTXS):
+            c = pools.case(dtype, batch, ctx)
+            us = with_params(config, lambda: time_graph(ours_fn(c)))
+            gbps = c["kv_bytes"] / (us * 1e-6) / 1e9
+            r = dict(dtype=dtype, batch=batch, ctx=ctx, block_size=c["k"].shape[1], us=round(us, 1),
+                     GBps=round(gbps), pct_copy=round(100 * gbps / copy_gbps, 1),
+                     splits=launch_params.num_splits(batch, HKV, props.multi_processor_count, entry))
+            if dtype == "bf16":
+                ours_bf16[(batch, ctx)] = us
+                if ua is not None:
+                    mine = c["out"].float().clone()
+                    ua_us = time_graph(baseline_fn(ua, c, ctx))
+                    r.update(baseline_us=round(ua_us, 1), speedup_vs_ua=round(ua_us / us, 2),
+                             max_abs_diff_vs_ua=float((mine - c["out"].float()).abs().max()))
+                    rows.append(dict(dtype="baseline_bf16", batch=batch, ctx=ctx, us=round(ua_us, 1),
+                                     GBps=round(c["kv_bytes"] / (ua_us * 1e-6) / 1e9)))
+            else:
+                r["ratio_vs_bf16"] = round(us / ours_bf16[(batch, ctx)], 2)
+            rows.append(r)
+            log(f"{dtype} batch {batch} ctx {ctx}: {us:.1f} us {gbps:.0f} GB/s")
+    ua_us = {(r["batch"], r["ctx"]): r["us"] for r in rows if r["dtype"] == "baseline_bf16"}
+    for r in rows:
+        if r["dtype"] not in ("bf16", "baseline_bf16") and (r["batch"], r["ctx"]) in ua_us:
+            r["baseline_us"] = ua_us[(r["batch"], r["ctx"])]
+            r["speedup_vs_ua"] = round(ua_us[(r["batch"], r["ctx"])] / r["us"], 2)
+
+    stamp = datetime.date.today().isoformat()
+    dev = props.name.replace(" ", "-").lower()
+    base = os.path.join(args.out, f"{stamp}-{dev}-decode-attention")
+    suggested = {k: config.get(k, entry[k]) for k in ("programs_per_cu", "min_split_tokens", "kv16", "kv8")}
+    meta = dict(device=props.name, target=target, num_cus=props.multi_processor_count, copy_GBps=copy_gbps,
+                baseline=ua_src, config=config, swept=not args.quick, torch=torch.__version__,
+                triton=triton.__version__, command="python -m kernels.decode_attention.bench" +
+                (" --quick" if args.quick else ""), seconds=round(time.time() - t_start),
+                suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))
+    with open(base + ".json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows, sweep=sweep_rows), f, indent=1)
+    md = markdown(meta, rows)
+    if not args.quick:
+        md += f"\nSuggested `launch_params.PARAMS[{target!r}]` (from the sweep):\n\n```\n" \
+              f"{json.dumps(meta['suggested_launch_params_entry'])}\n```\n"
+    with open(base + ".md", "w") as f:
+        f.write(md)
+    plot(rows, copy_gbps, base + ".png")
+    log(f"wrote {base}.{{json,md,png}} in {time.time() - t_start:.0f} s")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""Split-KV (flash-decoding) paged attention for decode steps (one query token per sequence).
+
+Stage 1: one program per (sequence, kv head, split). The q heads of the GQA group (6 for
+Qwen3.5) are packed into one 16-row tile, so K and V are read once per kv head and both products
+are ``tl.dot``. Each split walks its tokens in tiles of BLOCK_N; the physical page of every token
+is looked up in the block table, so a tile may straddle pages and the block size only has to be a
+multiple of 16 (784, 1552, ... work). A split writes its normalized partial output and its
+log-sum-exp to the workspace; a sequence that ends up with a single split writes the final output
+directly.
+Stage 2: one program per (sequence, q head) merges the splits by log-sum-exp.
+
+The grid is (batch, kv heads, max_splits) with max_splits chosen on the host from the batch size
+and the number of compute units only; each program computes its own split range from its
+sequence's length. So nothing is read back from the device and a captured CUDA/HIP graph is valid
+for any context length.
+
+Quantized caches (docs/kv-cache-layout.md, kv_quant "fp8" or "int8"): uint8 codes are converted
+to the query dtype (exact) and the per-(token, head) float32 scales are applied to the columns of
+S (K) and of P (V), never to the tiles.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..fp8_e4m3 import e4m3_bits_to_f32, use_software_fp8
+from . import launch_params
+
+_LOG2E = 1.4426950408889634
+_BLOCK_H = 16  # q rows per tile: smallest tl.dot M; holds GQA groups up to 16
+_MERGE_SPLITS = 16  # splits merged per step in stage 2
+_KV_QUANT = {None: 0, "fp8": 1, "int8": 2}
+
+
+@triton.jit
+def _split_range(seq_len, max_splits, min_split_tokens, BLOCK_N: tl.constexpr):
+    """Tiles per split and number of non-empty splits of one sequence (both stages agree)."""
+    n_tiles = tl.cdiv(seq_len, BLOCK_N)
+    want = tl.minimum(tl.cdiv(seq_len, min_split_tokens), max_splits)
+    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, tl.maximum(want, 1)), 1)
+    return tiles_per_split, tl.cdiv(n_tiles, tiles_per_split)
+
+
+@triton.jit
+def _to_dot_dtype(codes, DTYPE: tl.constexpr, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr):
+    if KV_QUANT == 1:
+        return e4m3_bits_to_f32(codes, FP8_SOFTWARE).to(DTYPE)
+    elif KV_QUANT == 2:
+        return codes.to(tl.int8, bitcast=True).to(tl.float32).to(DTYPE)
+    else:
+        return codes
+
+
+# max_splits and min_split_tokens change with the batch size (or a forced split count): not
+# specialized on, so one compiled kernel serves every batch size.
+@triton.jit(do_not_specialize=["max_splits", "min_split_tokens"])
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_table_ptr, seq_lens_ptr,
+    out_ptr, ws_o_ptr, ws_lse_ptr,
+    scale_log2, max_splits, min_split_tokens, block_size, num_q_heads,
+    stride_qb, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_ksb, stride_kst, stride_ksh,
+    stride_vsb, stride_vst, stride_vsh,
+    stride_btb,
+    stride_ob, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + seq)
+    tiles_per_split, n_splits = _split_range(seq_len, max_splits, min_split_tokens, BLOCK_N)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    hd_mask = h_mask[:, None] & d_mask[None, :]
+    q_heads = kv_head * GROUP + offs_h
+    out_offs = seq * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :]
+
+    if seq_len <= 0:
+        # padded batch slot (CUDA graphs): defined output, no reads
+        if split == 0:
+            zero = tl.zeros([BLOCK_H, BLOCK_D], dtype=out_ptr.dtype.element_ty)
+            tl.store(out_ptr + out_offs, zero, mask=hd_mask)
+        return
+    if split >= n_splits:
+        return
+
+    q = tl.load(q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :], mask=hd_mask, other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+
+    bt_row = block_table_ptr + seq * stride_btb
+    tile_start = split * tiles_per_split
+    tile_end = tl.minimum(tile_start + tiles_per_split, tl.cdiv(seq_len, BLOCK_N))
+    for tile in range(tile_start, tile_end):
+        tok = tile * BLOCK_N + offs_n
+        n_mask = tok < seq_len
+        page = tok // block_size
+        slot = tok - page * block_size
+        phys = tl.load(bt_row + page, mask=n_mask, other=0).to(tl.int64)
+        if HEAD_DIM == BLOCK_D:
+            kv_mask = n_mask[:, None]  # row-only mask keeps the loads vectorized (and async on sm80+)
+        else:
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+
+        k_row = phys * stride_kb + slot * stride_kt + kv_head * stride_kh
+        k = tl.load(k_ptr + k_row[:, None] + offs_d[None, :], mask=kv_mask, other=0)
+        k = _to_dot_dtype(k, q.dtype, KV_QUANT, FP8_SOFTWARE)
+        s = tl.dot(q, tl.trans(k))
+        if KV_QUANT != 0:
+            k_scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh, mask=n_mask, other=0.0)
+            s = s * (k_scale * scale_log2)[None, :]
+        else:
+            s = s * scale_log2
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+
+        v_row = phys * stride_vb + slot * stride_vt + kv_head * stride_vh
+        v = tl.load(v_ptr + v_row[:, None] + offs_d[None, :], mask=kv_mask, other=0)
+        v = _to_dot_dtype(v, q.dtype, KV_QUANT, FP8_SOFTWARE)
+        if KV_QUANT != 0:
+            v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh, mask=n_mask, other=0.0)
+            p = p * v_scale[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        m_i = m_new
+
+    o = acc / l_i[:, None]
+    if n_splits == 1:
+        tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=hd_mask)
+    else:
+        row = (seq * max_splits + split) * num_q_heads + q_heads
+        tl.store(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=hd_mask)
+        tl.store(ws_lse_ptr + row, m_i + tl.log2(l_i), mask=h_mask)
+
+
+@triton.jit(do_not_specialize=["max_splits", "min_split_tokens"])
+def _merge_splits_kernel(
+    ws_o_ptr, ws_lse_ptr, seq_lens_ptr, out_ptr,
+    max_splits, min_split_tokens, num_q_heads,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MERGE: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    _, n_splits = _split_range(seq_len, max_splits, min_split_tokens, BLOCK_N)
+    if n_splits <= 1:
+        return  # stage 1 wrote the output (or zeros for an empty slot)
+
+    offs_s = tl.arange(0, MERGE)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    m = tl.full([1], float("-inf"), dtype=tl.float32)
+    l_sum = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for first in range(0, n_splits, MERGE):
+        s_mask = first + offs_s < n_splits
+        row = (seq * max_splits + first + offs_s) * num_q_heads + head
+        lse = tl.load(ws_lse_ptr + row, mask=s_mask, other=float("-inf"))
+        o = tl.load(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        l_sum = l_sum * alpha + tl.sum(w, axis=0)
+        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        m = m_new
+    out = acc / l_sum
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+_NUM_CUS: dict = {}
+
+
+def _num_compute_units(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _NUM_CUS:
+        _NUM_CUS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _NUM_CUS[idx]
+
+
+def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8):
+    target = launch_params.current_target(device)
+    entry = launch_params.get_params(target)
+    launch = dict(entry["kv8" if kv8 else "kv16"])
+    if num_splits is None:
+        splits = launch_params.num_splits(batch, num_kv_heads, _num_compute_units(device), entry)
+        min_split = entry["min_split_tokens"]
+    else:
+        splits, min_split = int(num_splits), 1  # exactly min(num_splits, tiles) splits per sequence
+    lds = entry["lds_limit"]
+    if lds is not None:
+        need = launch_params.lds_bytes(launch["BLOCK_N"], triton.next_power_of_2(head_dim), launch["num_stages"])
+        if need > lds:
+            raise ValueError(
+                f"decode-attention params for {target}: BLOCK_N={launch['BLOCK_N']} num_stages={launch['num_stages']} "
+                f"need ~{need} B of LDS at head_dim {head_dim}, limit {lds} B; lower BLOCK_N or num_stages"
+            )
+    return launch, splits, min_split
+
+
+def workspace_numel(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, device, kv8: bool = False,
+                    num_splits: int | None = None) -> int:
+    """float32 elements of workspace ``decode_attention`` needs for a batch of this size (for
+    preallocating one buffer for the largest batch a CUDA graph captures)."""
+    _, splits, _ = _plan(batch, num_q_heads, num_kv_heads, head_dim, torch.device(device), num_splits, kv8)
+    return batch * splits * num_q_heads * (head_dim + 1)
+
+
+def _fail(msg: str):
+    raise ValueError(f"decode_attention: {msg}")
+
+
+def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, out, k_scales, v_scales, kv_quant):
+    if kv_quant not in _KV_QUANT:
+        _fail(f"kv_quant must be one of {list(_KV_QUANT)}, got {kv_quant!r}")
+    if q.dim() != 3 or q.dtype not in (torch.float16, torch.bfloat16):
+        _fail(f"q must be [batch, q_heads, head_dim] float16/bfloat16, got {tuple(q.shape)} {q.dtype}")
+    batch, hq, d = q.shape
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        _fail(f"k_cache and v_cache must both be [num_blocks, block_size, kv_heads, head_dim], "
+              f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    _, block_size, hkv, dk = k_cache.shape
+    if dk != d:
+        _fail(f"head_dim of q ({d}) and of the cache ({dk}) differ")
+    if block_size % 16:
+        _fail(f"block size must be a multiple of 16, got {block_size}")
+    if hkv < 1 or hq % hkv or hq // hkv > _BLOCK_H:
+        _fail(f"q heads ({hq}) must be a multiple of kv heads ({hkv}) with at most {_BLOCK_H} q heads per kv head")
+    want_kv = torch.uint8 if kv_quant else q.dtype
+    if k_cache.dtype != want_kv or v_cache.dtype != want_kv:
+        _fail(f"kv_quant={kv_quant!r} needs {want_kv} caches, got {k_cache.dtype}/{v_cache.dtype}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
+        if t.stride(-1) != 1:
+            _fail(f"{name} must be contiguous in head_dim")
+    if kv_quant:
+        for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):
+            if t is None or t.dtype != torch.float32 or tuple(t.shape) != tuple(k_cache.shape[:3]):
+                got = None if t is None else f"{tuple(t.shape)} {t.dtype}"
+                _fail(f"kv_quant={kv_quant!r} needs {name} float32 {tuple(k_cache.shape[:3])}, got {got}")
+    elif k_scales is not None or v_scales is not None:
+        _fail("k_scales/v_scales are only used with kv_quant='fp8' or 'int8'")
+    if out.shape != q.shape or out.dtype != q.dtype:
+        _fail(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if seq_lens.dim() != 1 or seq_lens.shape[0] != batch or seq_lens.dtype != torch.int32:
+        _fail(f"seq_lens must be int32 [{batch}], got {tuple(seq_lens.shape)} {seq_lens.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] < batch or block_table.dtype != torch.int32:
+        _fail(f"block_table must be int32 [>= {batch}, max_blocks], got {tuple(block_table.shape)} {block_table.dtype}")
+    if block_table.stride(1) != 1:
+        _fail("block_table rows must be contiguous")
+    devices = {t.device for t in (q, k_cache, v_cache, block_table, seq_lens, out)}
+    if len(devices) != 1:
+        _fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+
+
+def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, k_scales=None, v_scales=None,
+                     kv_quant=None, software_fp8=None, workspace=None, num_splits=None):
+    """Paged decode attention, one query token per sequence; writes ``out`` and returns it.
+
+    q, out: [batch, q_heads, head_dim] fp16/bf16. k_cache, v_cache: [num_blocks, block_size,
+    kv_heads, head_dim], q's dtype, or uint8 codes with kv_quant "fp8" / "int8" and float32
+    k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides). block_table: int32
+    [>= batch, max_blocks]; seq_lens: int32 [batch] (0 = padded slot, output zeros).
+    software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).
+    workspace: float32 1-D buffer of at least ``workspace_numel(...)`` elements (preallocated for
+    CUDA graphs); None allocates one. num_splits: force up to this many splits per sequence
+    (default: from the batch size and the number of compute units).
+    """
+    _check_inputs(q, k_cache, v_cache, block_table, seq_lens, out, k_scales, v_scales, kv_quant)
+    batch, hq, d = q.shape
+    _, block_size, hkv, _ = k_cache.shape
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        _fail(f"num_splits must be a positive int, got {num_splits!r}")
+    launch, splits, min_split = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None)
+    need = batch * splits * hq * (d + 1)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.float32, device=q.device)
+    elif workspace.dtype != torch.float32 or workspace.dim() != 1 or workspace.numel() < need:
+        _fail(f"workspace must be float32 1-D with >= {need} elements, got {tuple(workspace.shape)} {workspace.dtype}")
+    if batch == 0:
+        return out
+    ws_o = workspace[: batch * splits * hq * d]
+    ws_lse = workspace[batch * splits * hq * d : need]
+    if kv_quant is None:
+        k_scales = v_scales = seq_lens  # unused placeholders
+        ks_strides = vs_strides = (0, 0, 0)
+    else:
+        ks_strides, vs_strides = k_scales.stride(), v_scales.stride()
+    fp8_sw = use_software_fp8() if software_fp8 is None else bool(software_fp8)
+    block_d = triton.next_power_of_2(d)
+    block_n = launch.pop("BLOCK_N")
+
+    _decode_split_kernel[(batch, hkv, splits)](
+        q, k_cache, v_cache, k_scales, v_scales, block_table, seq_lens,
+        out, ws_o, ws_lse,
+        float(scale) * _LOG2E, splits, min_split, block_size, hq,
+        q.stride(0), q.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
+        block_table.stride(0), out.stride(0), out.stride(1),
+        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, BLOCK_N=block_n,
+        KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=fp8_sw, **launch,
+    )  # fmt: skip
+    if splits > 1:
+        _merge_splits_kernel[(batch, hq)](
+            ws_o, ws_lse, seq_lens, out, splits, min_split, hq, out.stride(0), out.stride(1),
+            HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=block_n, MERGE=_MERGE_SPLITS, num_warps=4,
+        )  # fmt: skip
+    return out

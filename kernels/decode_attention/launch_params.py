@@ -1,0 +1,191 @@
+"""Launch parameters of the split-KV decode attention kernel, as data.
+
+One entry per target. ``measured`` says whether the values come from a benchmark on that
+target (bench.py prints a suggested entry) or were chosen on paper.
+
+Keys of an entry:
+  splits      how many programs to aim for per compute unit (SM / CU), the cap on splits per
+              sequence, and the shortest split in tokens (so short contexts are not cut into
+              splits that cost more to merge than they save);
+  kv16 / kv8  Triton launch options for 2-byte (bf16/fp16) and 1-byte (fp8/int8 per-token-head)
+              caches: BLOCK_N (tokens per tile), num_warps, num_stages, and on ROCm
+              waves_per_eu and matrix_instr_nonkdim;
+  lds_limit   bytes of LDS one workgroup may use on ROCm; the launcher rejects a configuration
+              whose estimate (lds_bytes) exceeds it, naming the knobs to lower.
+
+``VLLM_DCU_DECODE_PARAMS`` overrides values for the current target without editing this file, e.g.
+``VLLM_DCU_DECODE_PARAMS='{"BLOCK_N": 32, "num_warps": 4}'`` (applies to kv16 and kv8) or
+``'{"kv8": {"BLOCK_N": 64}, "programs_per_cu": 4}'``.
+"""
+import json
+import os
+
+ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
+
+_SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
+_LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim")
+_ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
+
+# DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
+# - BLOCK_N 32 at head_dim 256: one 16 KiB bf16 K/V tile plus the 8 KiB Q tile in LDS, far below
+#   the 64 KiB ceiling. Compiled for gfx90a (the closest wave64 target upstream LLVM knows) it
+#   uses 16 KiB LDS and no scratch for every KV dtype; BLOCK_N 64 spills registers for the
+#   8-bit caches (the code conversion needs more live registers).
+# - num_warps 4 = 256 lanes (4 wave64), num_stages 1 (no async copies on gfx9),
+#   waves_per_eu 2 so two workgroups share a CU and hide HBM latency,
+#   matrix_instr_nonkdim 16 for the 16x16x16 bf16 MMAC.
+# - 2 programs per CU: batch 1 with 4 kv heads gets ~40 splits on a 80-CU part.
+_DCU = {
+    "measured": False,
+    "lds_limit": 65536,
+    "programs_per_cu": 2,
+    "max_splits": 64,
+    "min_split_tokens": 256,
+    "kv16": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
+    "kv8": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
+}
+
+PARAMS = {
+    # H200 (sm90, 132 SMs, 228 KiB shared memory per SM). Set from bench.py's sweep when measured.
+    "sm90": {
+        "measured": False,
+        "lds_limit": None,  # Triton itself rejects configs beyond the 227 KiB per block
+        "programs_per_cu": 2,
+        "max_splits": 128,
+        "min_split_tokens": 256,
+        "kv16": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+        "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    },
+    "gfx936": dict(_DCU),
+    "gfx928": dict(_DCU),
+    # anything else: conservative values valid on every target
+    "cuda": {
+        "measured": False,
+        "lds_limit": None,
+        "programs_per_cu": 2,
+        "max_splits": 64,
+        "min_split_tokens": 256,
+        "kv16": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+        "kv8": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+    },
+    "rocm": dict(_DCU),
+    # Triton CPU interpreter (tests): small tiles, splits forced by tests when they matter
+    "interpreter": {
+        "measured": False,
+        "lds_limit": None,
+        "programs_per_cu": 4,
+        "max_splits": 8,
+        "min_split_tokens": 16,
+        "kv16": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+        "kv8": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+    },
+}
+
+
+_TARGETS: dict = {}
+
+
+def current_target(device=None) -> str:
+    """Key into PARAMS for the device: 'sm90', 'gfx936', ..., or a generic 'cuda' / 'rocm'."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "interpreter"
+    import torch
+
+    index = getattr(device, "index", None) if getattr(device, "type", None) == "cuda" else None
+    if index is None:
+        index = torch.cuda.current_device()
+    if index not in _TARGETS:
+        props = torch.cuda.get_device_properties(index)
+        if torch.version.hip:
+            arch = props.gcnArchName.split(":")[0]
+            _TARGETS[index] = arch if arch in PARAMS else "rocm"
+        else:
+            name = f"sm{props.major}{props.minor}"
+            _TARGETS[index] = name if name in PARAMS else "cuda"
+    return _TARGETS[index]
+
+
+def _parse_override(text: str) -> dict:
+    try:
+        override = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{ENV_VAR} is not valid JSON ({e.msg} at char {e.pos}): {text!r}") from None
+    if not isinstance(override, dict):
+        raise ValueError(f"{ENV_VAR} must be a JSON object, got {text!r}")
+    allowed = set(_SPLIT_KEYS) | set(_LAUNCH_KEYS) | {"kv16", "kv8"}
+    unknown = sorted(set(override) - allowed)
+    if unknown:
+        raise ValueError(f"{ENV_VAR}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    for sub in ("kv16", "kv8"):
+        if sub in override:
+            if not isinstance(override[sub], dict) or set(override[sub]) - set(_LAUNCH_KEYS):
+                raise ValueError(f"{ENV_VAR}: '{sub}' must be an object with keys from {list(_LAUNCH_KEYS)}")
+    return override
+
+
+def _check_ints(entry: dict, where: str):
+    for key in _SPLIT_KEYS:
+        if not isinstance(entry[key], int) or entry[key] < 1:
+            raise ValueError(f"{where}: {key} must be a positive integer, got {entry[key]!r}")
+    for sub in ("kv16", "kv8"):
+        for key, val in entry[sub].items():
+            if not isinstance(val, int) or val < (0 if key == "waves_per_eu" else 1):
+                raise ValueError(f"{where}: {sub}.{key} must be a positive integer, got {val!r}")
+        bn = entry[sub]["BLOCK_N"]
+        if bn < 16 or bn & (bn - 1):
+            raise ValueError(f"{where}: {sub}.BLOCK_N must be a power of two >= 16, got {bn}")
+
+
+_CACHE: dict = {}
+
+
+def get_params(target: str, override: str | None = None) -> dict:
+    """The entry for ``target`` with ``VLLM_DCU_DECODE_PARAMS`` (or ``override``) applied; validated.
+    Callers must not modify the returned dict (it is cached per target and override text)."""
+    text = os.environ.get(ENV_VAR, "") if override is None else override
+    key = (target, text, json.dumps(PARAMS.get(target), sort_keys=True))
+    if key not in _CACHE:
+        _CACHE[key] = _build_params(target, text)
+    return _CACHE[key]
+
+
+def _build_params(target: str, text: str) -> dict:
+    if target not in PARAMS:
+        raise ValueError(f"no decode-attention launch parameters for target {target!r}; known: {sorted(PARAMS)}")
+    base = PARAMS[target]
+    entry = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    where = f"decode-attention params for {target}"
+    if text.strip():
+        ov = _parse_override(text)
+        where += f" with {ENV_VAR}={text}"
+        for key, val in ov.items():
+            if key in _SPLIT_KEYS:
+                entry[key] = val
+            elif key in _LAUNCH_KEYS:
+                entry["kv16"][key] = val
+                entry["kv8"][key] = val
+            else:
+                entry[key].update(val)
+        entry["measured"] = False
+    rocm = target.startswith("gfx") or target == "rocm"
+    for sub in ("kv16", "kv8"):
+        bad = [k for k in _ROCM_ONLY if k in entry[sub]] if not rocm else []
+        if bad:
+            raise ValueError(f"{where}: {bad} are ROCm-only options, not valid on {target}")
+    _check_ints(entry, where)
+    return entry
+
+
+def lds_bytes(block_n: int, head_dim_padded: int, num_stages: int, block_h: int = 16) -> int:
+    """Estimated LDS of one program on ROCm: one K or V tile as a 2-byte dot operand per stage (the
+    two are not live at once), plus the Q tile. Triton for gfx90a (wave64) allocates 16 KiB at
+    BLOCK_N 32 / head_dim 256 and 32 KiB at BLOCK_N 64, within this estimate."""
+    return 2 * (block_n * head_dim_padded * max(num_stages, 1) + block_h * head_dim_padded)
+
+
+def num_splits(batch: int, num_kv_heads: int, num_cus: int, entry: dict) -> int:
+    """Splits per sequence (grid z), from the batch and the device only, never from seq_lens: a
+    CUDA graph captured for one batch size stays valid for every context length."""
+    target = num_cus * entry["programs_per_cu"]
+    per_seq = -(-target // (batch * num_kv_heads))
+    return max(1, min(per_seq, entry["max_splits"]))

@@ -1,0 +1,253 @@
+"""Split-KV decode attention (kernels/decode_attention) against the float64 torch reference.
+
+Runs in the Triton CPU interpreter at small shapes (head_dim 32, a few heads); the full Qwen3.5
+shapes run on a GPU in tests/gpu/test_decode_attention_gpu.py.
+"""
+import json
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import triton_interp_compat  # noqa: E402,F401
+
+from kernels.decode_attention import decode_attention, launch_params, workspace_numel  # noqa: E402
+from kernels.decode_attention.reference import paged_decode_reference  # noqa: E402
+from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache  # noqa: E402
+from kernels.kv_quant.reference import quantize_per_token_head  # noqa: E402
+
+# (max abs error, error norm / reference norm): P and the output are rounded to the query dtype
+TOL = {torch.float16: (2e-3, 1e-3), torch.bfloat16: (4e-2, 1e-2)}
+
+
+def make_case(lens, block_size, hq=6, hkv=1, d=32, dtype=torch.float16, kv_quant=None, page_pad=0, seed=0):
+    """Random paged cache + shuffled block table for sequences of ``lens`` tokens.
+
+    Block-table entries past a sequence's last page are -1 (never to be read). ``page_pad`` adds
+    elements between pages, as vLLM's hybrid (attention + mamba) layout does."""
+    g = torch.Generator().manual_seed(seed)
+    nblk = [(n + block_size - 1) // block_size for n in lens]
+    num_blocks = sum(nblk) + 2
+    order = torch.randperm(num_blocks, generator=g)
+    table = torch.full((len(lens), max(max(nblk), 1) + 1), -1, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(nblk):
+        table[b, :n] = order[used : used + n].to(torch.int32)
+        used += n
+    q = torch.randn(len(lens), hq, d, generator=g).to(dtype)
+    k = torch.randn(num_blocks, block_size, hkv, d, generator=g) * 2
+    v = torch.randn(num_blocks, block_size, hkv, d, generator=g)
+    case = dict(q=q, block_table=table, seq_lens=torch.tensor(lens, dtype=torch.int32), scale=d**-0.5)
+    if kv_quant is None:
+        page = 2 * block_size * hkv * d
+        raw = torch.zeros(num_blocks * (page + page_pad), dtype=dtype)
+        kv = raw.as_strided((num_blocks, 2, block_size, hkv, d), (page + page_pad, page // 2, hkv * d, d, 1))
+        kv[:, 0] = k.to(dtype)
+        kv[:, 1] = v.to(dtype)
+        case.update(k_cache=kv[:, 0], v_cache=kv[:, 1])
+    else:
+        kv = torch.zeros(kv_cache_shape(num_blocks, block_size, hkv, d), dtype=torch.uint8)
+        k_codes, v_codes, k_scales, v_scales = split_kv_cache(kv, d)
+        for x, codes, scales in ((k, k_codes, k_scales), (v, v_codes, v_scales)):
+            c, s = quantize_per_token_head(x, kv_quant)
+            codes.copy_(c)
+            scales.copy_(s)
+        case.update(k_cache=k_codes, v_cache=v_codes, k_scales=k_scales, v_scales=v_scales, kv_quant=kv_quant)
+    return case
+
+
+def run(case, **kw):
+    out = torch.full_like(case["q"], float("nan"))
+    args = {k: v for k, v in case.items() if k not in ("q", "k_cache", "v_cache", "block_table", "seq_lens", "scale")}
+    decode_attention(case["q"], case["k_cache"], case["v_cache"], case["block_table"], case["seq_lens"],
+                     case["scale"], out, **args, **kw)
+    return out
+
+
+def reference(case):
+    kw = {k: case[k] for k in ("k_scales", "v_scales", "kv_quant") if k in case}
+    return paged_decode_reference(case["q"], case["k_cache"], case["v_cache"], case["block_table"],
+                                  case["seq_lens"], case["scale"], **kw)
+
+
+def assert_close(out, want, dtype):
+    assert torch.isfinite(out).all()
+    err = out.double() - want
+    max_abs, rel = err.abs().max().item(), (err.norm() / want.norm()).item()
+    assert max_abs < TOL[dtype][0] and rel < TOL[dtype][1], f"max abs error {max_abs}, relative {rel}, limits {TOL[dtype]}"
+
+
+@pytest.fixture
+def params(monkeypatch):
+    """Set VLLM_DCU_DECODE_PARAMS for one test."""
+    def set_(**kw):
+        monkeypatch.setenv(launch_params.ENV_VAR, json.dumps(kw))
+    monkeypatch.delenv(launch_params.ENV_VAR, raising=False)
+    return set_
+
+
+# --- numerics ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_cache_matches_reference_for_ragged_lengths_in_an_odd_batch(dtype):
+    case = make_case([1, 37, 100], block_size=16, hkv=2, hq=12, dtype=dtype)
+    assert_close(run(case, num_splits=3), reference(case), dtype)
+
+
+@pytest.mark.parametrize("kv_quant", ["fp8", "int8"])
+def test_quantized_cache_matches_dequantized_reference_for_ragged_lengths(kv_quant):
+    case = make_case([3, 70, 45], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant=kv_quant)
+    assert_close(run(case, num_splits=2, software_fp8=True), reference(case), torch.bfloat16)
+
+
+@pytest.mark.parametrize("block_size,seq_len", [(784, 800), (1552, 1570)])
+@pytest.mark.parametrize("kv_quant", [None, "int8"])
+def test_tiles_straddling_large_pages_read_each_token_from_its_own_page(params, block_size, seq_len, kv_quant):
+    # BLOCK_N 32 does not divide 784 or 1552, so one tile spans two pages; 3 splits put split
+    # boundaries inside pages too. The two pages of the sequence are not adjacent in memory.
+    params(BLOCK_N=32)
+    case = make_case([seq_len], block_size=block_size, d=32, kv_quant=kv_quant, seed=1)
+    assert_close(run(case, num_splits=3, software_fp8=True), reference(case), torch.float16)
+
+
+def test_more_splits_than_blocks_leaves_extra_programs_idle():
+    case = make_case([40, 7], block_size=16, hkv=1)  # 3 and 1 tiles of 16
+    assert_close(run(case, num_splits=64), reference(case), torch.float16)
+
+
+def test_merge_of_more_splits_than_one_merge_step_holds():
+    case = make_case([600], block_size=48, hkv=1)  # 38 tiles -> 38 splits, merged 16 at a time
+    assert_close(run(case, num_splits=40), reference(case), torch.float16)
+
+
+def test_single_token_context_and_empty_padded_slot():
+    # seq_len 0 is how vLLM pads a CUDA-graph batch: the slot must come out as zeros, not NaN
+    case = make_case([1, 0, 5], block_size=16, hkv=2, hq=4)
+    out = run(case, num_splits=4)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert_close(out, reference(case), torch.float16)
+
+
+def test_default_split_plan_matches_reference():
+    case = make_case([90, 33], block_size=16, hkv=2, hq=12)
+    assert_close(run(case), reference(case), torch.float16)
+
+
+@pytest.mark.parametrize("kv_quant", ["fp8", "int8"])
+def test_all_zero_heads_store_zero_scale_and_attend_without_nan(kv_quant):
+    case = make_case([40], block_size=16, hkv=1, kv_quant=kv_quant)
+    case["k_cache"][:, :5].zero_()
+    case["k_scales"][:, :5].zero_()
+    case["v_cache"][:, 3:9].zero_()
+    case["v_scales"][:, 3:9].zero_()
+    assert_close(run(case, num_splits=2, software_fp8=True), reference(case), torch.float16)
+
+
+@pytest.mark.parametrize("hq,hkv", [(16, 1), (4, 4)])
+def test_gqa_group_of_16_and_plain_multi_head(hq, hkv):
+    case = make_case([21, 50], block_size=16, hq=hq, hkv=hkv)
+    assert_close(run(case, num_splits=2), reference(case), torch.float16)
+
+
+def test_strided_query_and_padded_hybrid_pages():
+    # vLLM's q is a view into the fused qkv projection; hybrid models pad every page
+    case = make_case([30, 64], block_size=32, hkv=2, hq=4, page_pad=96)
+    qkv = torch.randn(2, 8, 32).to(torch.float16)
+    qkv[:, :4] = case["q"]
+    case["q"] = qkv[:, :4]
+    assert not case["q"].is_contiguous()
+    assert_close(run(case, num_splits=2), reference(case), torch.float16)
+
+
+def test_non_power_of_two_head_dim():
+    case = make_case([25, 3], block_size=16, hkv=1, hq=3, d=48)
+    assert_close(run(case, num_splits=2), reference(case), torch.float16)
+
+
+def test_preallocated_workspace_gives_the_same_output():
+    case = make_case([50, 17, 80], block_size=16, hkv=2, hq=4)
+    need = workspace_numel(3, 4, 2, 32, "cpu", num_splits=4)
+    ws = torch.full((need,), float("nan"))
+    a = run(case, num_splits=4, workspace=ws)
+    b = run(case, num_splits=4)
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="workspace must be float32 1-D with >= "):
+        run(case, num_splits=4, workspace=ws[: need - 1])
+
+
+# --- launcher validation -------------------------------------------------------------------------
+
+def _bad(case, match, **kw):
+    with pytest.raises(ValueError, match=match):
+        run(case, **kw)
+
+
+def test_launcher_rejects_bad_inputs_with_one_clear_message():
+    case = make_case([5], block_size=16, hkv=2, hq=4)
+    _bad(dict(case, q=case["q"].float()), "q must be .* float16/bfloat16")
+    _bad(dict(case, k_cache=case["k_cache"][:, :8]), "k_cache and v_cache must both be")
+    _bad(dict(case, seq_lens=case["seq_lens"].long()), "seq_lens must be int32")
+    _bad(dict(case, block_table=case["block_table"][:0]), "block_table must be int32")
+    _bad(dict(case, q=case["q"][:, :3]), r"q heads \(3\) must be a multiple of kv heads \(2\)")
+    _bad(case, "kv_quant must be one of", kv_quant="fp4")
+    _bad(case, "kv_quant='int8' needs torch.uint8 caches", kv_quant="int8")
+    _bad(case, "num_splits must be a positive int", num_splits=0)
+    _bad(dict(case, k_scales=torch.ones(3)), "k_scales/v_scales are only used with")
+    odd = make_case([5], block_size=24, hkv=2, hq=4)
+    _bad(odd, "block size must be a multiple of 16, got 24")
+    q8 = make_case([5], block_size=16, hkv=2, hq=4, kv_quant="fp8")
+    _bad(dict(q8, v_scales=q8["v_scales"].double()), "needs v_scales float32")
+
+
+# --- launch parameters ---------------------------------------------------------------------------
+
+def test_env_override_replaces_values_for_both_kv_widths(params):
+    table_before = json.dumps(launch_params.PARAMS, sort_keys=True)
+    params(BLOCK_N=64, kv8={"num_warps": 8}, programs_per_cu=3)
+    entry = launch_params.get_params("sm90")
+    assert entry["kv16"]["BLOCK_N"] == entry["kv8"]["BLOCK_N"] == 64
+    assert entry["kv8"]["num_warps"] == 8 and entry["programs_per_cu"] == 3
+    assert entry["measured"] is False
+    assert json.dumps(launch_params.PARAMS, sort_keys=True) == table_before  # the table itself is untouched
+    assert launch_params.get_params("sm90", override="")["programs_per_cu"] == launch_params.PARAMS["sm90"]["programs_per_cu"]
+
+
+@pytest.mark.parametrize("text,match", [
+    ("{BLOCK_N: 32}", "is not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    ('{"BLOCK_M": 32}', r"unknown key\(s\) \['BLOCK_M'\]"),
+    ('{"BLOCK_N": 48}', "BLOCK_N must be a power of two >= 16"),
+    ('{"num_warps": "4"}', "num_warps must be a positive integer"),
+    ('{"kv8": {"tile": 1}}', "'kv8' must be an object with keys from"),
+    ('{"waves_per_eu": 2}', "ROCm-only options, not valid on sm90"),
+])
+def test_bad_env_override_fails_with_one_clear_error(text, match):
+    with pytest.raises(ValueError, match=match):
+        launch_params.get_params("sm90", override=text)
+
+
+def test_dcu_entries_fit_64k_lds_and_are_marked_unmeasured():
+    for target in ("gfx936", "gfx928"):
+        entry = launch_params.get_params(target, override="")
+        assert entry["measured"] is False
+        for sub in ("kv16", "kv8"):
+            p = entry[sub]
+            assert p["matrix_instr_nonkdim"] == 16 and p["waves_per_eu"] >= 1
+            assert launch_params.lds_bytes(p["BLOCK_N"], 256, p["num_stages"]) <= 65536
+
+
+def test_lds_estimate_over_the_dcu_limit_is_rejected_at_launch(monkeypatch):
+    monkeypatch.setattr(launch_params, "current_target", lambda device=None: "gfx936")
+    monkeypatch.setenv(launch_params.ENV_VAR, '{"BLOCK_N": 128, "num_stages": 2}')
+    case = make_case([5], block_size=16, hkv=1, hq=6, d=256)
+    _bad(case, "need ~.* B of LDS at head_dim 256, limit 65536 B; lower BLOCK_N or num_stages")
+
+
+def test_split_count_fills_the_chip_at_batch_1_and_depends_only_on_batch_and_device():
+    entry = launch_params.get_params("sm90", override="")
+    assert launch_params.num_splits(1, 4, 132, entry) * 4 >= 132  # batch 1: every SM busy
+    assert launch_params.num_splits(64, 4, 132, entry) == 2
+    assert launch_params.num_splits(1024, 4, 132, entry) == 1
+    dcu = launch_params.get_params("gfx936", override="")
+    assert launch_params.num_splits(1, 4, 80, dcu) * 4 >= 80
