@@ -29,7 +29,8 @@ def e4m3_bits_to_f32_sw(bits):
     # subnormals (exp == 0): value = mantissa * 2^-9, exact in fp32
     sub = (mag & 7).to(tl.float32) * 0.001953125
     v = tl.where(exp == 0, sub, normal)
-    return tl.where(b >= 128, -v, v)
+    # OR the sign bit in (not -v: Triton lowers unary minus to 0 - v, which turns 0x80 into +0.0, not -0.0)
+    return (v.to(tl.int32, bitcast=True) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

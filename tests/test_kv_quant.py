@@ -1,0 +1,429 @@
+"""Per-(token, head) fp8 / int8 KV cache: layout views, the Triton write kernel (CPU interpreter,
+small shapes) against the torch reference, edge cases, and attention numerics at 4K / 32K context.
+
+Long-context numerics use the torch reference quantizer; the kernel is shown bit-exact with that
+reference at short context (test_kernel_* below), so the two paths are interchangeable.
+"""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.kv_quant import (  # noqa: E402
+    kv_bytes_per_token,
+    kv_page_size_bytes,
+    kv_quant_kind,
+    reshape_and_cache_per_token_head,
+    split_kv_cache,
+)
+from kernels.kv_quant.layout import kv_cache_shape  # noqa: E402
+from kernels.kv_quant.reference import (  # noqa: E402
+    attention_reference,
+    dequantize_per_token_head,
+    fake_quantize,
+    paged_attention_reference,
+    quantize_per_token_head,
+    relative_error,
+    reshape_and_cache_reference,
+)
+
+KINDS = ("fp8", "int8")
+BF16_MAX = torch.finfo(torch.bfloat16).max
+
+
+# ----------------------------------------------------------------------------------------------
+# layout
+
+
+def test_qwen35_27b_bytes_per_token_is_33280_for_16_layers():
+    assert 16 * kv_bytes_per_token(num_kv_heads=4, head_size=256) == 33_280
+    assert kv_page_size_bytes(block_size=16, num_kv_heads=4, head_size=256) == 16 * 2 * 4 * 260
+    assert kv_cache_shape(7, 16, 4, 256) == (7, 2, 16, 4, 260)
+    assert kv_quant_kind("fp8_per_token_head") == "fp8"
+    assert kv_quant_kind("int8_per_token_head") == "int8"
+    assert kv_quant_kind("fp8") is None and kv_quant_kind("auto") is None
+
+
+def _byte_pattern_cache(num_blocks, block_size, heads, head_size):
+    numel = num_blocks * 2 * block_size * heads * (head_size + 4)
+    return (torch.arange(numel) % 251).to(torch.uint8).view(num_blocks, 2, block_size, heads, head_size + 4)
+
+
+def test_split_kv_cache_views_cover_codes_then_scales_of_each_region():
+    nb, bs, h, d = 3, 4, 2, 8
+    cache = _byte_pattern_cache(nb, bs, h, d)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, d)
+    assert k_codes.shape == v_codes.shape == (nb, bs, h, d)
+    assert k_scales.shape == v_scales.shape == (nb, bs, h)
+    assert k_scales.dtype == torch.float32
+    flat = cache.view(nb, 2, bs * h * (d + 4))
+    for kv, (codes, scales) in enumerate(((k_codes, k_scales), (v_codes, v_scales))):
+        region = flat[:, kv]
+        assert torch.equal(codes.reshape(nb, -1), region[:, : bs * h * d])
+        assert torch.equal(scales.reshape(nb, -1).view(torch.uint8), region[:, bs * h * d :])
+
+
+def test_split_kv_cache_views_alias_the_cache():
+    cache = torch.zeros(2, 2, 4, 2, 12, dtype=torch.uint8)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, 8)
+    v_scales[1, 3, 1] = 1.0
+    v_codes[1, 0, 0, 0] = 7
+    assert cache.view(2, 2, -1)[1, 1, -4:].view(torch.float32).item() == 1.0
+    assert cache.view(2, 2, -1)[1, 1, 0].item() == 7
+    assert cache.sum().item() == 7 + sum(torch.tensor([1.0]).view(torch.uint8).tolist())
+
+
+def test_split_kv_cache_accepts_hybrid_restrided_layout():
+    # vLLM's hybrid models share one buffer per page across groups: block stride = page, not 2 * region
+    nb, bs, h, d = 3, 4, 2, 8
+    region = bs * h * (d + 4)
+    page = 2 * region + 64  # e.g. a larger shared page
+    raw = torch.zeros(nb * page, dtype=torch.uint8)
+    cache = raw.as_strided((nb, 2, bs, h, d + 4), (page, region, h * (d + 4), d + 4, 1))
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, d)
+    k_scales[2, 1, 1] = 2.0
+    v_codes[1, 3, 1, 7] = 9
+    off = 2 * page + bs * h * d + (1 * h + 1) * 4
+    assert raw[off : off + 4].view(torch.float32).item() == 2.0
+    assert raw[1 * page + region + (3 * h + 1) * d + 7].item() == 9
+
+
+@pytest.mark.parametrize(
+    "make, err",
+    [
+        (lambda: torch.zeros(2, 2, 4, 2, 12, dtype=torch.int8), "must be uint8"),
+        (lambda: torch.zeros(2, 2, 4, 2, 10, dtype=torch.uint8), r"\(num_blocks, 2, block_size, H, 12\)"),
+        (lambda: torch.zeros(2, 3, 4, 2, 12, dtype=torch.uint8), r"\(num_blocks, 2, block_size, H, 12\)"),
+        (lambda: torch.zeros(2, 2, 2, 4, 12, dtype=torch.uint8).transpose(2, 3), "must be contiguous"),
+    ],
+)
+def test_split_kv_cache_rejects_bad_caches(make, err):
+    with pytest.raises((TypeError, ValueError), match=err):
+        split_kv_cache(make(), 8)
+
+
+def test_split_kv_cache_rejects_head_size_not_multiple_of_4():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        split_kv_cache(torch.zeros(1, 2, 1, 1, 10, dtype=torch.uint8), 6)
+
+
+# ----------------------------------------------------------------------------------------------
+# write kernel == torch reference (bit-exact codes and scales)
+
+
+def _write_both(key, value, slots, kind, nb, bs, sentinel=0xA5):
+    h, d = key.shape[1], key.shape[2]
+    got = torch.full((nb, 2, bs, h, d + 4), sentinel, dtype=torch.uint8)
+    want = got.clone()
+    reshape_and_cache_per_token_head(key, value, *split_kv_cache(got, d), slots, kind)
+    reshape_and_cache_reference(key, value, want, slots, kind)
+    return got, want
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_kernel_matches_reference_bit_exact(kind, dtype):
+    g = torch.Generator().manual_seed(1)
+    nb, bs, h, d, t = 6, 16, 4, 64, 40
+    key = (torch.randn(t, h, d, generator=g) * 3).to(dtype)
+    value = (torch.randn(t, h, d, generator=g) * 0.05).to(dtype)
+    slots = torch.randperm(nb * bs, generator=g)[:t]
+    got, want = _write_both(key, value, slots, kind, nb, bs)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_skips_negative_slots_and_leaves_other_bytes_untouched(kind):
+    g = torch.Generator().manual_seed(2)
+    nb, bs, h, d, t = 2, 8, 2, 16, 6
+    key, value = torch.randn(t, h, d, generator=g), torch.randn(t, h, d, generator=g)
+    slots = torch.tensor([0, -1, 9, -1, 15, 3])
+    got, want = _write_both(key, value, slots, kind, nb, bs, sentinel=0xA5)
+    assert torch.equal(got, want)
+    k_codes, v_codes, k_scales, _ = split_kv_cache(got, d)
+    written = {0, 9, 15, 3}
+    for slot in range(nb * bs):
+        row = k_codes[slot // bs, slot % bs]
+        assert (row == 0xA5).all().item() != (slot in written)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_reads_only_slot_mapping_rows_of_padded_noncontiguous_key(kind):
+    # key/value as views into a fused qkv buffer (token stride > H * D), with padded extra rows
+    g = torch.Generator().manual_seed(3)
+    t_pad, t, h, d = 12, 9, 3, 32  # 3 heads: not a power of two
+    qkv = torch.randn(t_pad, 5 * h * d, generator=g).bfloat16()
+    key = qkv[:, 2 * h * d : 3 * h * d].view(t_pad, h, d)
+    value = qkv[:, 4 * h * d :].view(t_pad, h, d)
+    slots = torch.randperm(32, generator=g)[:t]
+    got, want = _write_both(key, value, slots, kind, nb=4, bs=8)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_splits_many_heads_over_programs(kind):
+    # 8 heads x 256 dims: more than one program per token (BLOCK_H < H)
+    g = torch.Generator().manual_seed(4)
+    key, value = torch.randn(3, 8, 256, generator=g), torch.randn(3, 8, 256, generator=g)
+    got, want = _write_both(key, value, torch.tensor([5, 0, 2]), kind, nb=1, bs=8)
+    assert torch.equal(got, want)
+
+
+def test_kernel_rejects_bad_arguments():
+    cache = torch.zeros(2, 2, 4, 2, 12, dtype=torch.uint8)
+    views = split_kv_cache(cache, 8)
+    key = torch.zeros(3, 2, 8)
+    slots = torch.arange(3)
+    with pytest.raises(ValueError, match="'fp8' or 'int8'"):
+        reshape_and_cache_per_token_head(key, key, *views, slots, "fp8_e4m3")
+    with pytest.raises(ValueError, match="only 3 tokens"):
+        reshape_and_cache_per_token_head(key, key, *views, torch.arange(4), "int8")
+    with pytest.raises(ValueError, match="do not match"):
+        reshape_and_cache_per_token_head(torch.zeros(3, 2, 4), torch.zeros(3, 2, 4), *views, slots, "int8")
+    with pytest.raises(TypeError, match="float32"):
+        reshape_and_cache_per_token_head(key, key, views[0], views[1], views[2].half(), views[3], slots, "int8")
+
+
+# ----------------------------------------------------------------------------------------------
+# edge cases: no NaN / Inf for any finite bf16 input, bounded error
+
+
+def _all_finite_bf16() -> torch.Tensor:
+    bits = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    x = bits.view(torch.bfloat16)
+    return x[torch.isfinite(x.float())]
+
+
+def _check_codes(codes, scales, x, kind):
+    assert torch.isfinite(scales).all() and (scales >= 0).all()
+    deq = dequantize_per_token_head(codes, scales, kind)
+    assert torch.isfinite(deq).all()
+    if kind == "fp8":
+        assert ((codes & 0x7F) != 0x7F).all(), "fp8 NaN code written"
+    else:
+        assert (codes.view(torch.int8) != -128).all(), "int8 code outside [-127, 127]"
+    xf = x.float()
+    # error bound per element: half a step of the code grid (int8), or e4m3's relative/subnormal step
+    s = scales.unsqueeze(-1)
+    if kind == "int8":
+        bound = 0.5 * s * (1 + 2**-20)
+    else:
+        bound = torch.maximum(xf.abs() * 2**-4, s * 2**-10) * (1 + 2**-20)
+    zero_head = s == 0
+    bound = torch.where(zero_head, torch.full_like(bound, 448 * 2**-126), bound)
+    assert ((deq - xf).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_every_finite_bf16_value_gives_finite_codes_and_bounded_error(kind):
+    vals = _all_finite_bf16()
+    g = torch.Generator().manual_seed(5)
+    h, d = 16, 64  # one program per token (keeps the interpreter quick)
+    n = vals.numel() // (h * d) * (h * d)
+    key = vals[torch.randperm(vals.numel(), generator=g)[:n]].view(-1, h, d)
+    # values: sorted, so some heads hold only tiny (denormal) numbers and others only huge ones
+    value = torch.sort(vals.float().abs()).values[:n].bfloat16().view(-1, h, d)
+    t = key.shape[0]
+    got, want = _write_both(key, value, torch.arange(t), kind, nb=t // 16 + 1, bs=16)
+    assert torch.equal(got, want)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(got, d)
+    flat = lambda c: c.reshape(-1, *c.shape[2:])[:t]  # noqa: E731
+    _check_codes(flat(k_codes), flat(k_scales), key, kind)
+    _check_codes(flat(v_codes), flat(v_scales), value, kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_edge_heads_zero_bf16max_denormal_mixed(kind):
+    d = 32
+    tiny = torch.finfo(torch.bfloat16).smallest_normal
+    denorm = 2.0**-133  # smallest bf16 subnormal
+    heads = [
+        torch.zeros(d),  # all-zero head: scale 0, codes 0
+        torch.full((d,), BF16_MAX),
+        torch.full((d,), -BF16_MAX),
+        torch.linspace(-1.0, 1.0, d) * BF16_MAX,
+        torch.full((d,), denorm) * torch.arange(d),  # only subnormals: flushed to a zero head
+        torch.cat([torch.full((d - 1,), denorm), torch.tensor([BF16_MAX])]),  # mixed magnitudes
+        torch.cat([torch.full((d - 1,), tiny), torch.tensor([1.0])]),
+        -torch.full((d,), tiny),
+    ]
+    key = torch.stack(heads).bfloat16().view(-1, 1, d)
+    assert torch.isfinite(key.float()).all()
+    value = key.flip(0)
+    got, want = _write_both(key, value, torch.arange(key.shape[0]), kind, nb=1, bs=8)
+    assert torch.equal(got, want)
+    k_codes, _, k_scales, _ = split_kv_cache(got, d)
+    codes, scales = k_codes[0, :, 0], k_scales[0, :, 0]
+    _check_codes(codes, scales, key[:, 0], kind)
+    assert scales[0] == 0 and (codes[0] == 0).all()
+    assert scales[4] == 0 and (codes[4] == 0).all()
+    top = 0x7E if kind == "fp8" else 127
+    assert codes[1].tolist() == [top] * d
+    deq = dequantize_per_token_head(codes, scales, kind)
+    assert torch.isfinite(deq.bfloat16().float()).all()  # dequantized back to bf16 stays finite
+    assert deq[1, 0].bfloat16().item() == BF16_MAX
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_attention_over_edge_case_cache_is_finite(kind):
+    # zero heads, huge and tiny heads through the kernel, then attention over the dequantized cache
+    g = torch.Generator().manual_seed(6)
+    t, h, d = 24, 2, 32
+    key = torch.randn(t, h, d, generator=g)
+    key[::3] = 0
+    key[1::5] *= 1e-38
+    value = torch.randn(t, h, d, generator=g) * 1e30
+    value[2::4] = 0
+    key, value = key.bfloat16(), value.bfloat16()
+    cache = torch.zeros(2, 2, 16, h, d + 4, dtype=torch.uint8)
+    reshape_and_cache_per_token_head(key, value, *split_kv_cache(cache, d), torch.arange(t), kind)
+    q = torch.randn(4, 2 * h, d, generator=g)
+    out = paged_attention_reference(
+        q, cache, kind, torch.tensor([[0, 1]]), torch.tensor([t]), torch.tensor([0, 4]), 1 / math.sqrt(d)
+    )
+    assert torch.isfinite(out).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# kernel-written cache == reference-written cache through attention
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_paged_attention_over_kernel_written_cache_matches_fake_quant_reference(kind):
+    g = torch.Generator().manual_seed(7)
+    h, d, bs, n = 2, 64, 16, 100
+    key, value = torch.randn(n, h, d, generator=g).bfloat16(), torch.randn(n, h, d, generator=g).bfloat16()
+    nb = 8
+    block_table = torch.randperm(nb, generator=g)[: math.ceil(n / bs)].view(1, -1)
+    slots = block_table[0, torch.arange(n) // bs] * bs + torch.arange(n) % bs
+    cache = torch.zeros(nb, 2, bs, h, d + 4, dtype=torch.uint8)
+    reshape_and_cache_per_token_head(key, value, *split_kv_cache(cache, d), slots, kind)
+    q = torch.randn(3, 3 * h, d, generator=g)
+    got = paged_attention_reference(q, cache, kind, block_table, torch.tensor([n]), torch.tensor([0, 3]), d**-0.5)
+    mode = f"{kind}_pth"
+    want = attention_reference(q, fake_quantize(key, mode), fake_quantize(value, mode), d**-0.5)
+    assert torch.equal(got, want)
+
+
+# ----------------------------------------------------------------------------------------------
+# attention numerics at 4K / 32K (torch reference quantizer; float64 attention)
+#
+# Relative error of the attention output against unquantized bf16 K/V, for per-tensor fp8 with
+# scale 1.0 (vLLM 0.18.1 default), fp8_pth and int8_pth. Queries are scaled so the attention logits
+# have standard deviation 1 in every scenario (what unit Gaussian q and k give), so the scenarios
+# differ only in what the quantizers see; unscaled outlier keys would make the softmax one-hot and
+# every format's error ~1. At a sharper softmax (logit std 2) the K error, equal for both fp8
+# variants at unit scale, weighs more and the fp8_pth / per-tensor ratios rise (small V: ~0.38).
+
+NUM_Q, HQ, HKV, D = 4, 24, 4, 256  # Qwen3.5-27B's attention heads; float32 attention (errors are ~1e-2)
+SCENARIOS = {
+    # name: (K std, V std, K outlier channel ratio or None)
+    "gaussian_unit": (1.0, 1.0, None),
+    "gaussian_small_v": (1.0, 2.0**-8, None),  # V mostly below e4m3's smallest normal (2^-6) at scale 1.0
+    "gaussian_small_kv": (2.0**-8, 2.0**-8, None),
+    "k_outliers_20x_in_range": (1.0, 1.0, 20),  # outlier channels stay inside +-448
+    "k_outliers_100x_in_range": (1.0, 1.0, 100),
+    "k_outliers_20x_beyond_448": (8.0, 1.0, 20),  # outliers exceed e4m3's range at scale 1.0
+    "k_outliers_100x_beyond_448": (8.0, 1.0, 100),
+}
+_ERRORS: dict = {}
+
+
+def _scenario_errors(name: str, ctx: int) -> dict:
+    if (name, ctx) in _ERRORS:
+        return _ERRORS[(name, ctx)]
+    k_std, v_std, ratio = SCENARIOS[name]
+    g = torch.Generator().manual_seed(ctx + len(name))
+    k = torch.randn(ctx, HKV, D, generator=g) * k_std
+    v = torch.randn(ctx, HKV, D, generator=g) * v_std
+    if ratio is not None:
+        channels = torch.randperm(D, generator=g)[:4]
+        k[:, :, channels] *= ratio
+    k, v = k.bfloat16().float(), v.bfloat16().float()
+    q = torch.randn(NUM_Q, HQ, D, generator=g)
+    logits = torch.einsum("qgd,kgd->qgk", q.view(NUM_Q, HKV, -1, D)[:, :, 0], k[:1024]) / math.sqrt(D)
+    q = (q / logits.std()).bfloat16().float()
+    want = attention_reference(q, k, v, dtype=torch.float32)
+    errs = {}
+    for mode in ("fp8_per_tensor", "fp8_pth", "int8_pth"):
+        got = attention_reference(q, fake_quantize(k, mode), fake_quantize(v, mode), dtype=torch.float32)
+        assert torch.isfinite(got).all()
+        errs[mode] = relative_error(got, want)
+    _ERRORS[(name, ctx)] = errs
+    return errs
+
+
+# 32K cases take ~10 s each on a small CPU: marked slow (still part of the CI run)
+CTXS = [4096, pytest.param(32768, marks=pytest.mark.slow)]
+OUTSIDE_RANGE = ["gaussian_small_v", "gaussian_small_kv", "k_outliers_20x_beyond_448", "k_outliers_100x_beyond_448"]
+IN_RANGE_OUTLIERS = ["k_outliers_20x_in_range", "k_outliers_100x_in_range"]
+GAUSSIAN = ["gaussian_unit", "gaussian_small_v", "gaussian_small_kv"]
+
+
+@pytest.mark.parametrize("ctx", CTXS)
+@pytest.mark.parametrize("name", OUTSIDE_RANGE)
+def test_fp8_pth_error_at_most_third_of_per_tensor_fp8_when_values_leave_e4m3_range(name, ctx):
+    # measured ratio (4 seeds): small V 0.25-0.26, small K/V 0.18, outliers beyond 448: 0.06-0.25
+    e = _scenario_errors(name, ctx)
+    assert e["fp8_pth"] <= e["fp8_per_tensor"] / 3, e
+
+
+@pytest.mark.parametrize("ctx", CTXS)
+@pytest.mark.parametrize("name", IN_RANGE_OUTLIERS)
+def test_fp8_pth_error_at_most_70pct_of_per_tensor_fp8_with_in_range_key_outliers(name, ctx):
+    # the absmax element of each (token, head) maps to 448 exactly, and with a few outlier channels those
+    # elements dominate the logits; measured ratio (4 seeds) 0.42-0.65
+    e = _scenario_errors(name, ctx)
+    assert e["fp8_pth"] <= 0.7 * e["fp8_per_tensor"], e
+
+
+@pytest.mark.parametrize("ctx", CTXS)
+def test_fp8_pth_matches_per_tensor_fp8_on_unit_gaussian(ctx):
+    # both are e4m3 with 3 mantissa bits; for values well inside e4m3's range a scale changes little
+    e = _scenario_errors("gaussian_unit", ctx)
+    assert e["fp8_pth"] <= 1.05 * e["fp8_per_tensor"], e
+    assert e["fp8_pth"] < 0.05, e
+
+
+@pytest.mark.parametrize("ctx", CTXS)
+@pytest.mark.parametrize("name", GAUSSIAN)
+def test_int8_pth_error_at_most_35pct_of_fp8_pth_on_gaussian_kv(name, ctx):
+    # measured 0.26-0.27: 7 bits of uniform step against e4m3's 3-bit mantissa
+    e = _scenario_errors(name, ctx)
+    assert e["int8_pth"] <= 0.35 * e["fp8_pth"], e
+    assert e["int8_pth"] < 0.015, e
+
+
+@pytest.mark.parametrize("ctx", CTXS)
+@pytest.mark.parametrize("name", IN_RANGE_OUTLIERS + OUTSIDE_RANGE[2:])
+def test_int8_pth_error_within_25pct_of_fp8_pth_with_key_outliers(name, ctx):
+    # the issue asks int8_pth <= fp8_pth; with 20-100x outlier channels the int8 step (absmax / 127)
+    # coarsens the other channels and the two formats come out even (measured int8/fp8 0.82-1.20)
+    e = _scenario_errors(name, ctx)
+    assert e["int8_pth"] <= 1.25 * e["fp8_pth"], e
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue target not reachable by the format: on unit-scale Gaussian K/V, e4m3 with a per-head scale has "
+    "the same 3-bit mantissa as per-tensor e4m3 (measured ratio 0.97-0.99, not <= 1/3)",
+)
+@pytest.mark.parametrize("ctx", CTXS)
+def test_issue_target_fp8_pth_at_most_third_of_per_tensor_fp8_on_unit_gaussian(ctx):
+    e = _scenario_errors("gaussian_unit", ctx)
+    assert e["fp8_pth"] <= e["fp8_per_tensor"] / 3, e
+
+
+def test_quantize_reference_is_scale_invariant_by_powers_of_two():
+    # per-head scales make the codes independent of the head's magnitude (no range left to fall out of)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(16, 2, 64, generator=g)
+    for kind in KINDS:
+        c1, s1 = quantize_per_token_head(x, kind)
+        c2, s2 = quantize_per_token_head(x * 2.0**-40, kind)
+        assert torch.equal(c1, c2)
+        assert torch.equal(s1 * 2.0**-40, s2)
