@@ -90,7 +90,7 @@ def reshape_and_cache_reference(
     head_size = key.shape[-1]
     k_codes, v_codes, k_scales, v_scales = split_kv_cache(kv_cache, head_size)
     block_size = k_codes.shape[1]
-    slots = slot_mapping[: slot_mapping.shape[0]].long()
+    slots = slot_mapping.long()
     valid = slots >= 0
     tok = torch.nonzero(valid).flatten()
     blk, off = slots[tok] // block_size, slots[tok] % block_size
