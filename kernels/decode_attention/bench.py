@@ -45,6 +45,18 @@ CTXS = (4096, 8192, 16384, 32768)
 BLOCK = {"bf16": 784, "8bit": 1552}
 DTYPES = ("bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth")
 SCALE = 1.0 / 16
+DEV = "cuda"
+
+
+def dry_run_setup():
+    """--dry-run: the whole flow on the CPU (Triton interpreter, no graphs) at toy shapes, to check
+    the script itself before spending GPU time. Numbers from it mean nothing."""
+    global HQ, HKV, D, BATCHES, CTXS, BLOCK, SCALE, DEV, SWEEP_SHAPES, SPLIT_SHAPES, launch_grid
+    HQ, HKV, D, BATCHES, CTXS, BLOCK, DEV = 6, 2, 32, (1, 2), (40, 100), {"bf16": 48, "8bit": 32}, "cpu"
+    SCALE = D**-0.5
+    SWEEP_SHAPES, SPLIT_SHAPES = ((1, 100),), ((2, 40),)
+    grid = [dict(BLOCK_N=16, num_warps=4, num_stages=1), dict(BLOCK_N=32, num_warps=4, num_stages=1)]
+    launch_grid = lambda: {"kv16": grid, "kv8": grid[:1]}  # noqa: E731
 
 
 def log(msg):
@@ -53,8 +65,11 @@ def log(msg):
 
 # --- baseline -----------------------------------------------------------------------------------
 
-def load_unified_attention():
+def load_unified_attention(try_installed=True):
+    why = "not tried (--dry-run)"
     try:
+        if not try_installed:
+            raise ImportError(why)
         from vllm.v1.attention.ops.triton_unified_attention import unified_attention
         import vllm
 
@@ -90,8 +105,10 @@ def load_unified_attention():
 # --- setup --------------------------------------------------------------------------------------
 
 def copy_bandwidth():
+    if DEV == "cpu":
+        return 10.0
     n = 2 * 1024**3
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    a = torch.empty(n, dtype=torch.uint8, device=DEV)
     b = torch.empty_like(a)
     ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
     return 2 * n / (ms * 1e-3) / 1e9
@@ -103,13 +120,13 @@ class Pools:
     def __init__(self):
         max_tokens = max(BATCHES) * max(CTXS)
         nb16 = max(BATCHES) * math.ceil(max(CTXS) / BLOCK["bf16"])
-        self.kv16 = torch.randn(nb16, 2, BLOCK["bf16"], HKV, D, dtype=torch.bfloat16, device="cuda")
+        self.kv16 = torch.randn(nb16, 2, BLOCK["bf16"], HKV, D, dtype=torch.bfloat16, device=DEV)
         nb8 = max(BATCHES) * math.ceil(max(CTXS) / BLOCK["8bit"])
-        self.kv8 = torch.randint(0, 256, kv_cache_shape(nb8, BLOCK["8bit"], HKV, D), dtype=torch.uint8, device="cuda")
+        self.kv8 = torch.randint(0, 256, kv_cache_shape(nb8, BLOCK["8bit"], HKV, D), dtype=torch.uint8, device=DEV)
         self.kv8 &= 0x77  # no fp8 NaN codes (0x7F / 0xFF)
         k_codes, v_codes, k_scales, v_scales = split_kv_cache(self.kv8, D)
-        k_scales.uniform_(1e-3, 1e-2)
-        v_scales.uniform_(1e-3, 1e-2)
+        k_scales.copy_(torch.rand(k_scales.shape, device=DEV) * 9e-3 + 1e-3)
+        v_scales.copy_(torch.rand(v_scales.shape, device=DEV) * 9e-3 + 1e-3)
         self.views8 = (k_codes, v_codes, k_scales, v_scales)
         self.max_tokens = max_tokens
 
@@ -118,10 +135,10 @@ class Pools:
         bs = BLOCK[kind]
         nblk = math.ceil(ctx / bs)
         pool_blocks = (self.kv16 if kind == "bf16" else self.kv8).shape[0]
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        bt = torch.randperm(pool_blocks, device="cuda", generator=g)[: batch * nblk].view(batch, nblk).to(torch.int32)
-        q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device="cuda", generator=g)
-        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        bt = torch.randperm(pool_blocks, device=DEV, generator=g)[: batch * nblk].view(batch, nblk).to(torch.int32)
+        q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device=DEV, generator=g)
+        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
         c = dict(q=q, block_table=bt, seq_lens=seq_lens, out=torch.empty_like(q))
         if kind == "bf16":
             k, v = self.kv16.unbind(1)
@@ -138,7 +155,7 @@ def ours_fn(c, num_splits=None):
     if "kv_quant" in c:
         kw = dict(k_scales=c["k_scales"], v_scales=c["v_scales"], kv_quant=c["kv_quant"], software_fp8=c["software_fp8"])
     ws = torch.empty(workspace_numel(c["q"].shape[0], HQ, HKV, D, c["q"].device, kv8="kv_quant" in c,
-                                     num_splits=num_splits), dtype=torch.float32, device="cuda")
+                                     num_splits=num_splits), dtype=torch.float32, device=DEV)
 
     def fn():
         decode_attention(c["q"], c["k"], c["v"], c["block_table"], c["seq_lens"], SCALE, c["out"], workspace=ws,
@@ -149,11 +166,11 @@ def ours_fn(c, num_splits=None):
 def baseline_fn(ua, c, ctx):
     batch = c["q"].shape[0]
     thr, seg = 128 // HKV, 16  # TRITON_ATTN: seq_threshold_3D = 128 // kv heads, 16 segments
-    so = torch.empty(thr, HQ, seg, triton.next_power_of_2(D), dtype=torch.float32, device="cuda")
-    sm = torch.empty(thr, HQ, seg, dtype=torch.float32, device="cuda")
-    se = torch.empty(thr, HQ, seg, dtype=torch.float32, device="cuda")
-    cu_q = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
-    ones = torch.ones(batch, HKV, dtype=torch.float32, device="cuda")
+    so = torch.empty(thr, HQ, seg, triton.next_power_of_2(D), dtype=torch.float32, device=DEV)
+    sm = torch.empty(thr, HQ, seg, dtype=torch.float32, device=DEV)
+    se = torch.empty(thr, HQ, seg, dtype=torch.float32, device=DEV)
+    cu_q = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
+    ones = torch.ones(batch, HKV, dtype=torch.float32, device=DEV)
 
     def fn():
         ua(c["q"], c["k"], c["v"], c["out"], cu_q, 1, c["seq_lens"], ctx, SCALE, True, (-1, -1), c["block_table"], 0,
@@ -163,6 +180,10 @@ def baseline_fn(ua, c, ctx):
 
 
 def time_graph(fn, rep=100):
+    if DEV == "cpu":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -176,14 +197,20 @@ def time_graph(fn, rep=100):
 # --- sweep --------------------------------------------------------------------------------------
 
 def launch_grid():
+    """(BLOCK_N, num_warps, num_stages[, waves_per_eu]) candidates per KV width, kept small: every one is a compile."""
     if torch.version.hip:
-        return [dict(BLOCK_N=bn, num_warps=w, num_stages=s, waves_per_eu=we, matrix_instr_nonkdim=16)
-                for bn, w, s, we in itertools.product((16, 32, 64), (4, 8), (1, 2), (1, 2))]
-    return [dict(BLOCK_N=bn, num_warps=w, num_stages=s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))]
+        grid = [(16, 4, 1, 2), (32, 4, 1, 1), (32, 4, 1, 2), (32, 8, 1, 2), (32, 4, 2, 2), (64, 4, 1, 2), (64, 8, 1, 2)]
+        cfgs = [dict(BLOCK_N=bn, num_warps=w, num_stages=st, waves_per_eu=we, matrix_instr_nonkdim=16)
+                for bn, w, st, we in grid]
+        return {"kv16": cfgs, "kv8": cfgs}
+    kv16 = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]
+    kv8 = [(32, 4, 3), (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]
+    return {kind: [dict(BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in grid]
+            for kind, grid in (("kv16", kv16), ("kv8", kv8))}
 
 
 SWEEP_SHAPES = ((1, 32768), (4, 16384), (16, 8192), (64, 8192))
-SPLIT_SHAPES = ((1, 4096), (1, 8192), (1, 32768), (4, 8192), (16, 8192))
+SPLIT_SHAPES = ((1, 4096), (1, 8192), (1, 16384), (1, 32768), (4, 8192), (16, 8192), (64, 8192))
 
 
 def geomean(xs):
@@ -210,7 +237,7 @@ def sweep(pools, rows):
     best = {}
     for kind, dtype in (("kv16", "bf16"), ("kv8", "int8_pth")):
         scored = []
-        for cfg in launch_grid():
+        for cfg in launch_grid()[kind]:
             t0 = time.time()
             try:
                 times = measure(pools, dtype, SWEEP_SHAPES, {kind: cfg})
@@ -223,7 +250,7 @@ def sweep(pools, rows):
             log(f"sweep {kind} {cfg}: {[round(t, 1) for t in times]} us ({time.time() - t0:.1f} s)")
         best[kind] = min(scored, key=lambda x: x[0])[1]
     split_scored = []
-    for ppc, msplit in itertools.product((1, 2, 3, 4, 8), (128, 256, 512)):
+    for ppc, msplit in itertools.product((1, 2, 3, 4, 8), (64, 128, 256, 512)):
         override = dict(kv16=best["kv16"], programs_per_cu=ppc, min_split_tokens=msplit)
         times = measure(pools, "bf16", SPLIT_SHAPES, override)
         split_scored.append((geomean(times), ppc, msplit))
@@ -275,25 +302,32 @@ def markdown(meta, rows):
     for r in rows:
         if r["dtype"].startswith("baseline"):
             continue
-        out.append(f"| {r['dtype']} | {r['batch']} | {r['ctx'] // 1024}K | {r['splits']} | {r['us']:.1f} | "
+        ctx = f"{r['ctx'] // 1024}K" if r["ctx"] % 1024 == 0 else str(r["ctx"])
+        out.append(f"| {r['dtype']} | {r['batch']} | {ctx} | {r['splits']} | {r['us']:.1f} | "
                    f"{r['GBps']:.0f} | {r['pct_copy']:.0f}% | {r.get('baseline_us', '') or '-'} | "
                    f"{r.get('speedup_vs_ua', '') or '-'} | {r.get('ratio_vs_bf16', '') or '-'} |")
     return "\n".join(out) + "\n"
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="skip the parameter sweep")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
+    ap.add_argument("--dry-run", action="store_true", help="check the script on the CPU at toy shapes")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            sys.exit("error: --dry-run needs TRITON_INTERPRET=1 in the environment (set before Triton is imported)")
+        dry_run_setup()
+    elif not torch.cuda.is_available():
         sys.exit("error: bench needs a CUDA/HIP GPU (torch.cuda.is_available() is False)")
     launch_params.get_params(launch_params.current_target())  # bad VLLM_DCU_DECODE_PARAMS fails here, once
     t_start = time.time()
     os.makedirs(args.out, exist_ok=True)
-    props = torch.cuda.get_device_properties(0)
+    props = (types.SimpleNamespace(name="cpu-dry-run", multi_processor_count=1) if DEV == "cpu"
+             else torch.cuda.get_device_properties(0))
     target = launch_params.current_target()
-    ua, ua_src = load_unified_attention()
+    ua, ua_src = load_unified_attention(try_installed=not args.dry_run)
     log(f"device {props.name} ({target}, {props.multi_processor_count} CUs); baseline: {ua_src}")
     copy_gbps = copy_bandwidth()
     log(f"device copy bandwidth: {copy_gbps:.0f} GB/s")

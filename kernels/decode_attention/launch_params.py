@@ -143,7 +143,7 @@ def get_params(target: str, override: str | None = None) -> dict:
     """The entry for ``target`` with ``VLLM_DCU_DECODE_PARAMS`` (or ``override``) applied; validated.
     Callers must not modify the returned dict (it is cached per target and override text)."""
     text = os.environ.get(ENV_VAR, "") if override is None else override
-    key = (target, text, json.dumps(PARAMS.get(target), sort_keys=True))
+    key = (target, text)
     if key not in _CACHE:
         _CACHE[key] = _build_params(target, text)
     return _CACHE[key]
