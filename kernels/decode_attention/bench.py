@@ -13,9 +13,9 @@ First a sweep over launch parameters (BLOCK_N, num_warps, num_stages) and the sp
 it and the script prints the launch_params entry to paste. --quick skips the sweep and uses the
 table (or VLLM_DCU_DECODE_PARAMS).
 
-Baseline: ``vllm.v1.attention.ops.triton_unified_attention.unified_attention`` if vllm imports,
-else the file named by VLLM_DCU_BASELINE_UA (0.18.1's triton_unified_attention.py, loaded with
-stand-ins for its four vllm imports); without either the baseline columns stay empty.
+Baseline: the file named by VLLM_DCU_BASELINE_UA (0.18.1's triton_unified_attention.py, loaded
+with stand-ins for its four vllm imports), else ``unified_attention`` of the installed vllm (make
+sure it is an unpatched 0.18.1); without either the baseline columns stay empty.
 
 Writes <date>-<device>-decode-attention.{json,md,png} into --out (default $OUT or bench/results/)
 and prints the markdown table last.
@@ -32,12 +32,16 @@ import sys
 import time
 import types
 
-import torch
-import triton
+if __name__ == "__main__" and not __package__:  # run as a file: python kernels/decode_attention/bench.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    __package__ = "kernels.decode_attention"  # noqa: A001
 
-from ..kv_quant.layout import kv_cache_shape, split_kv_cache
-from . import launch_params
-from .decode_attention import decode_attention, workspace_numel
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from ..kv_quant.layout import kv_cache_shape, split_kv_cache  # noqa: E402
+from . import launch_params  # noqa: E402
+from .decode_attention import decode_attention, workspace_numel  # noqa: E402
 
 HQ, HKV, D = 24, 4, 256
 BATCHES = (1, 4, 16, 64)
@@ -65,20 +69,8 @@ def log(msg):
 
 # --- baseline -----------------------------------------------------------------------------------
 
-def load_unified_attention(try_installed=True):
-    why = "not tried (--dry-run)"
-    try:
-        if not try_installed:
-            raise ImportError(why)
-        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-        import vllm
-
-        return unified_attention, f"vllm {vllm.__version__} (installed)"
-    except Exception as e:  # noqa: BLE001 - any failure means: use the file, or no baseline
-        why = f"{type(e).__name__}: {e}"
-    path = os.environ.get("VLLM_DCU_BASELINE_UA")
-    if not path:
-        return None, f"no baseline (vllm import failed: {why}; VLLM_DCU_BASELINE_UA not set)"
+def _load_ua_file(path):
+    """0.18.1's triton_unified_attention.py with stand-ins for its four vllm imports."""
     stubs = {
         "vllm": types.ModuleType("vllm"),
         "vllm.logger": types.SimpleNamespace(init_logger=logging.getLogger),
@@ -99,7 +91,25 @@ def load_unified_attention(try_installed=True):
                 sys.modules.pop(k, None)
             else:
                 sys.modules[k] = v
-    return mod.unified_attention, f"{path} (loaded with stand-ins for its vllm imports)"
+    return mod.unified_attention
+
+
+def load_unified_attention(try_installed=True):
+    """The baseline: VLLM_DCU_BASELINE_UA (a file) if set, else the installed vllm's; (fn, source) or (None, why)."""
+    path = os.environ.get("VLLM_DCU_BASELINE_UA")
+    if path:
+        if not os.path.isfile(path):
+            sys.exit(f"error: VLLM_DCU_BASELINE_UA={path} is not a file")
+        return _load_ua_file(path), f"{path} (loaded with stand-ins for its vllm imports)"
+    if not try_installed:
+        return None, "no baseline (--dry-run without VLLM_DCU_BASELINE_UA)"
+    try:
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+        import vllm
+
+        return unified_attention, f"vllm {vllm.__version__} (installed)"
+    except Exception as e:  # noqa: BLE001 - any failure means: no baseline
+        return None, f"no baseline (vllm import failed: {type(e).__name__}: {e}; VLLM_DCU_BASELINE_UA not set)"
 
 
 # --- setup --------------------------------------------------------------------------------------
