@@ -1,0 +1,1 @@
+"""Serving benchmark for vllm-dcu builds: synthetic tokenizer and prompts, driver, report."""

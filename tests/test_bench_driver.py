@@ -1,0 +1,216 @@
+"""Benchmark driver (bench/serve_bench.py): argument validation, plan, memory profiles, and the whole
+start/bench/stop/report loop against a fake `vllm` (tests/data/fake_vllm) through a fake harness."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import profiles
+from bench.serve_bench import BenchError, step_chunk, validate_variants
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAKE_HARNESS = os.path.join(REPO, "tests", "data", "fake_harness.py")
+
+
+def drive(*args, tmp_path, env_extra=None):
+    env = dict(os.environ, VLLM_DCU_BENCH_HARNESS=FAKE_HARNESS, OUT=str(tmp_path / "out"))
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "bench/serve_bench.py", "--work", str(tmp_path / "work"),
+                           "--gpu", "test", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tiers", "4-8K,2K"], "unknown tier 2K; supported: 4-8K,8-16K,16-32K"),
+    (["--variants", "baseline,nope"], "unknown variant nope; available: baseline, full, slow, broken"),
+    (["--baseline", "nope"], "unknown baseline nope; available: baseline, full, slow, broken"),
+    (["--protocols", "contest,burst"], "unknown protocol burst; supported: contest, load"),
+    (["--profile", "mi300"], "unknown memory profile mi300; supported: h200, dcu64"),
+    (["--layers", "10"], "--layers must be a multiple of 4 in [4, 64], got 10"),
+    (["--step", "3/2"], "--step must be K/N with 1 <= K <= N, got '3/2'"),
+    (["--step", "1/5"], "--step 1/5: only 3 non-baseline build(s) to split"),
+    (["--requests", "0"], "--requests and --load-requests must be in [1, 64]"),
+    (["--mode", "fast"], "unknown --mode fast; supported: graph, eager"),
+    (["--kv-gib", "7"], "--kv-gib applies to --profile dcu64 only"),
+    (["--load-rate", "4-8K=x"], "--load-rate must be 'auto', a number or tier=rate pairs"),
+    (["--variant-flags", "full"], "--variant-flags needs NAME=FLAGS, got 'full'"),
+    (["--variants", "full", "--variant-flags", "slow=--enforce-eager"],
+     "--variant-flags names slow, not in this run's plan (baseline, full)"),
+])
+def test_bad_arguments_fail_with_one_clear_line(tmp_path, args, message):
+    p = drive(*args, "--dry-run", tmp_path=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"serve_bench: error: {message}")
+
+
+def test_missing_harness_is_reported(tmp_path):
+    p = drive("--dry-run", tmp_path=tmp_path, env_extra={"VLLM_DCU_BENCH_HARNESS": str(tmp_path / "none.py")})
+    assert p.returncode == 2 and "GPU harness not found" in p.stderr
+
+
+def test_steps_split_the_builds_once_each_and_every_step_brackets_them_with_the_baseline():
+    builds = [f"p{i}" for i in range(7)]
+    chunks = [step_chunk(builds, k, 3) for k in (1, 2, 3)]
+    assert [len(c) for c in chunks] == [3, 2, 2]
+    assert sum(chunks, []) == builds
+    base, others = validate_variants([], ["b", *builds], None)
+    assert base == "b" and others == builds
+    with pytest.raises(BenchError):
+        step_chunk(builds, 1, 8)
+
+
+def test_dry_run_prints_contest_server_and_bench_flags(tmp_path):
+    p = drive("--dry-run", "--tiers", "8-16K", "--protocols", "contest,load", "--load-rate", "2.5",
+              tmp_path=tmp_path)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    server = next(line for line in out.splitlines() if line.startswith("server baseline: "))
+    for flag in ("--max-num-seqs 128", "--max-num-batched-tokens 4096", "--gpu-memory-utilization 0.95",
+                 "--dtype bfloat16", "--reasoning-parser qwen3", "--tool-call-parser qwen3_coder",
+                 "--enable-auto-tool-choice", "--load-format dummy", "--language-model-only"):
+        assert flag in server
+    assert "--default-chat-template-kwargs '{\"enable_thinking\": false}'" in server
+    contest = next(line for line in out.splitlines() if line.startswith("bench contest 8-16K"))
+    for flag in ("--backend openai-chat", "--endpoint /v1/chat/completions", "--max-concurrency 1",
+                 "--request-rate 1 ", "--num-warmups 2", "--temperature 0", "--ignore-eos",
+                 "--custom-output-len 250", "--percentile-metrics ttft,tpot,itl,e2el",
+                 "--metric-percentiles 50,95,99", "--num-prompts 10", "8-16K_throughput.jsonl"):
+        assert flag in contest
+    load = next(line for line in out.splitlines() if line.startswith("bench load 8-16K"))
+    assert "--max-concurrency 16" in load and "--request-rate 2.5" in load and "--num-prompts 32" in load
+    assert "plan: baseline -> full -> slow -> broken -> baseline(again)" in out
+
+
+def test_variant_flags_go_after_the_harness_flags_of_that_build_only(tmp_path):
+    p = drive("--dry-run", "--variants", "full,slow", "--variant-flags", "full=--attention-backend DCU_TRITON_ATTN",
+              "--variant-flags", "*=--disable-log-stats", "--variant-flags", "+=--kv-cache-dtype fp8",
+              tmp_path=tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = {line.split(":")[0]: line for line in p.stdout.splitlines() if line.startswith("server ")}
+    assert lines["server full"].endswith("--attention-backend TRITON_ATTN --disable-log-stats "
+                                         "--kv-cache-dtype fp8 --attention-backend DCU_TRITON_ATTN")
+    assert lines["server slow"].endswith("--attention-backend TRITON_ATTN --disable-log-stats --kv-cache-dtype fp8")
+    assert lines["server baseline"].endswith("--attention-backend TRITON_ATTN --disable-log-stats")
+
+
+def test_eager_mode_and_capture_sizes_reach_the_harness_flags(tmp_path):
+    p = drive("--dry-run", "--mode", "eager", "--capture-sizes", "1,2,4,16", tmp_path=tmp_path)
+    assert p.returncode == 0, p.stderr
+    server = next(line for line in p.stdout.splitlines() if line.startswith("server baseline: "))
+    assert server.endswith("""--compilation-config '{"cudagraph_capture_sizes": [1, 2, 4, 16]}' --enforce-eager""")
+    p = drive("--dry-run", "--capture-sizes", "1,x", tmp_path=tmp_path)
+    assert p.returncode == 2 and "--capture-sizes must be a comma list of integers" in p.stderr
+
+
+def test_dcu64_profile_enforces_the_scaled_kv_budget(tmp_path):
+    p = drive("--dry-run", "--profile", "dcu64", "--layers", "16", tmp_path=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert f"--kv-cache-memory-bytes {profiles.dcu64_kv_bytes(16)}" in p.stdout
+    p = drive("--dry-run", "--profile", "dcu64", "--layers", "32", "--kv-gib", "6", tmp_path=tmp_path)
+    assert f"--kv-cache-memory-bytes {6 * 2**30 // 2}" in p.stdout
+
+
+def test_dcu64_arithmetic():
+    # Qwen3.5-27B: ~26.9e9 language-model parameters, ~54 GB in bf16
+    assert profiles.lm_params(64) == pytest.approx(26.896e9, rel=1e-3)
+    b = profiles.dcu64_breakdown()
+    assert b["usable_gib"] == pytest.approx(60.8)
+    assert b["kv_gib_64_layers"] == pytest.approx(
+        60.8 - b["lm_weights_gib"] - b["vision_weights_gib"] - b["activation_peak_gib"] - b["non_torch_gib"])
+    assert 6.5 < b["kv_gib_64_layers"] < 7.5
+    assert profiles.dcu64_kv_bytes(16) * 4 == pytest.approx(profiles.dcu64_kv_bytes(64), abs=4)
+    with pytest.raises(ValueError, match="nothing left"):
+        profiles.dcu64_kv_bytes(16, kv_gib_64_layers=-1.0)
+
+
+def test_full_loop_with_fake_vllm_writes_json_report_and_plot(tmp_path):
+    p = drive("--variants", "full,broken,slow", "--tiers", "4-8K", "--requests", "3", "--what", "loop",
+              tmp_path=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = tmp_path / "out"
+    files = sorted(os.listdir(out))
+    js = [f for f in files if f.endswith("-test-loop.json")]
+    assert len(js) == 1 and js[0].replace(".json", ".md") in files and js[0].replace(".json", ".png") in files
+    doc = json.load(open(out / js[0]))
+    ran = [(r["variant"], r["repeat"]) for r in doc["runs"] if r.get("bench")]
+    assert ran == [("baseline", 0), ("full", 0), ("slow", 0), ("baseline", 1)]
+    broken = [r for r in doc["runs"] if r["variant"] == "broken"]
+    assert len(broken) == 1 and "fake start failure" in broken[0]["error"]
+    assert doc["runs"][0]["server"]["kv_cache_gib"] == 1.77 and doc["runs"][0]["server"]["kv_cache_tokens"] == 116424
+    assert doc["prompts"]["4-8K"]["count"] == 64 and len(doc["prompts"]["4-8K"]["sha256"]) == 64
+    assert os.path.exists(out / doc["runs"][0]["raw_file"])
+    assert "[bench +" in p.stdout and "full healthy after" in p.stdout  # progress lines
+    md = p.stdout[p.stdout.index("# Serving benchmark"):]  # the report is printed last
+    full = next(line for line in md.splitlines() if line.startswith("| full | 1 |"))
+    assert full.split("|")[4].strip() == "1.250"
+    slow = next(line for line in md.split("### Score terms")[1].splitlines() if line.startswith("| slow |"))
+    assert slow.split("|")[3].strip() == "0.00"
+    assert "| broken | 0 | failed: server exited with status 3 while starting: RuntimeError: fake start failure" in md
+
+
+def test_deadline_skips_servers_that_would_not_finish(tmp_path):
+    # every fake server takes 8 s to start: after the first one, the next would end past the deadline
+    p = drive("--variants", "full,slow", "--tiers", "4-8K", "--requests", "2", "--what", "deadline",
+              "--deadline-s", "20", tmp_path=tmp_path, env_extra={"FAKE_VLLM_START_S": "8"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    js = next(f for f in os.listdir(tmp_path / "out") if f.endswith("-test-deadline.json"))
+    doc = json.load(open(tmp_path / "out" / js))
+    assert doc["runs"][0]["variant"] == "baseline" and doc["runs"][0].get("bench")
+    assert doc["skipped"] and all(s["why"].startswith("deadline") for s in doc["skipped"])
+    assert "skipped" in open(tmp_path / "out" / js.replace(".json", ".md")).read()
+
+
+def _args(*argv):
+    from bench import serve_bench
+
+    a = serve_bench.build_parser().parse_args(list(argv))
+    serve_bench.check_args(a)
+    return a
+
+
+def test_server_flags_parse_with_vllms_own_serve_parser(monkeypatch):
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.platforms import current_platform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from bench import serve_bench
+
+    monkeypatch.setattr(current_platform, "device_type", "cpu")  # the parser's DeviceConfig default needs one
+    a = _args("--profile", "dcu64", "--layers", "16")
+    cmd = serve_bench.server_cmd(a, "/models/q35", 8123, ["--language-model-only", "--attention-backend",
+                                                           "TRITON_ATTN"], ["--attention-backend", "FLASHINFER"])
+    assert cmd[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[4:])
+    assert (ns.model_tag, ns.host, ns.port) == ("/models/q35", "127.0.0.1", 8123)
+    assert (ns.max_num_seqs, ns.max_num_batched_tokens, ns.gpu_memory_utilization) == (128, 4096, 0.95)
+    assert ns.kv_cache_memory_bytes == profiles.dcu64_kv_bytes(16)
+    assert ns.default_chat_template_kwargs == {"enable_thinking": False}
+    assert (ns.reasoning_parser, ns.tool_call_parser, ns.enable_auto_tool_choice) == ("qwen3", "qwen3_coder", True)
+    assert (ns.dtype, ns.load_format, ns.max_model_len, ns.served_model_name) == (
+        "bfloat16", "dummy", 32768, ["Qwen3.5-27B"])
+    assert "FLASHINFER" in str(ns.attention_backend)  # a build's --variant-flags override the harness's
+
+
+def test_bench_flags_parse_with_vllm_bench_serves_own_parser():
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from bench import serve_bench
+
+    a = _args("--protocols", "contest,load")
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    c = parser.parse_args(serve_bench.bench_cmd(a, "contest", "4-8K", 8123, "/p/4-8K.jsonl", "/r", "x.json",
+                                                None, {"variant": "v1"}))
+    assert (c.backend, c.endpoint, c.dataset_name, c.dataset_path) == (
+        "openai-chat", "/v1/chat/completions", "custom", "/p/4-8K.jsonl")
+    assert (c.max_concurrency, c.request_rate, c.num_warmups, c.temperature) == (1, 1.0, 2, 0.0)
+    assert (c.custom_output_len, c.ignore_eos, c.num_prompts, c.extra_body) == (250, True, 10, {"temperature": 0.0})
+    assert (c.percentile_metrics, c.metric_percentiles) == ("ttft,tpot,itl,e2el", "50,95,99")
+    assert c.disable_shuffle and c.no_oversample and c.save_result and c.save_detailed
+    assert (c.result_dir, c.result_filename, c.metadata) == ("/r", "x.json", ["variant=v1"])
+    ld = parser.parse_args(serve_bench.bench_cmd(a, "load", "4-8K", 8123, "/p/4-8K.jsonl", "/r", "y.json",
+                                                 3.25, {}))
+    assert (ld.max_concurrency, ld.request_rate, ld.num_prompts) == (16, 3.25, 32)
