@@ -1,18 +1,21 @@
 """Patch 0004 on a GPU: the TPOT-targeted prefill budget against the real engine's step times.
 
-One in-process engine (16-layer Qwen3.5-27B-shaped dummy model, TRITON_ATTN, torch.compile + CUDA graphs, prefix
+One engine (in a child process; 16-layer Qwen3.5-27B-shaped dummy model, TRITON_ATTN, torch.compile + CUDA graphs, prefix
 caching on, hence Qwen3.5's "align" mode) serves the same staggered long-prompt workload twice: once with the
 scheduler's budget object removed (upstream scheduling, which the CPU tests prove identical) and once with a
 target set to 2.5x the median inter-token latency of the first run. Inter-token latency (ITL), per-request TPOT,
 TTFT and output tokens/s come from token arrival times as the engine hands them out.
 
-Writes <date>-<gpu>-sched-tpot.{json,md} into $OUT (default bench/results/) and prints the table.
+Writes <date>-<gpu>-sched-tpot.{json,md} into $OUT (default bench/results/), prints the table, and records the
+key numbers in the GPU smoke report. About 3-4 minutes on one H200 (engine start with compile + graphs included).
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import subprocess
+import sys
 import time
 from datetime import date
 from pathlib import Path
@@ -20,8 +23,6 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.gpu
-
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: we reach its scheduler
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = 16
@@ -85,24 +86,24 @@ def drive(llm, items, tag):
     }
 
 
-def test_tpot_budget_cuts_inter_token_latency_p99_on_the_real_engine(tmp_path):
-    budget_mod = pytest.importorskip("vllm.v1.core.sched.dcu_tpot_budget",
-                                     reason="this variant is built without patch 0004")
-    TpotBudget = budget_mod.TpotBudget
+def experiment(out_json: str) -> None:
+    """Child process (GPU memory goes back when it exits): build the engine with its core in this process, so
+    the scheduler is reachable, run the workload off and on, write the raw record."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    sys.path.insert(0, str(REPO))
     import torch
     from ci.gpu.dummy_model import write_config
     from ci.gpu.harness import engine_kwargs
     from vllm import LLM, SamplingParams
+    from vllm.v1.core.sched.dcu_tpot_budget import TpotBudget
 
-    model = write_config(tmp_path / "qwen35-27b-16l", LAYERS)
+    model = write_config(Path(out_json).parent / "qwen35-27b-16l", LAYERS)
     llm = LLM(**engine_kwargs(model, max_model_len=32768, max_num_seqs=32, max_num_batched_tokens=MAX_BATCHED,
                               enable_prefix_caching=True, gpu_memory_utilization=0.85, seed=0,
                               scheduler_tpot_target_ms=1000.0))
-    core = llm.llm_engine.engine_core.engine_core
-    sched = core.scheduler
-    assert isinstance(sched.tpot_budget, TpotBudget), "the engine did not build the budget from the option"
-    block = sched.tpot_budget.align_block
-    async_sched = bool(sched.scheduler_config.async_scheduling)
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    built = isinstance(sched.tpot_budget, TpotBudget)  # the option reached the engine's scheduler
+    block = sched.tpot_budget.align_block if built else None
 
     # warm-up: Triton JIT and graph capture for the shapes both runs use (upstream scheduling)
     sched.tpot_budget = None
@@ -124,30 +125,41 @@ def test_tpot_budget_cuts_inter_token_latency_p99_on_the_real_engine(tmp_path):
 
     budget.begin_step = spy
     on = drive(llm, items, "on")
-    stats = budget.stats()
+    record = {"gpu": torch.cuda.get_device_name(0), "layers": LAYERS,
+              "async_scheduling": bool(sched.scheduler_config.async_scheduling), "option_built": built,
+              "align_block": block, "max_num_batched_tokens": MAX_BATCHED, "requests": N_REQUESTS,
+              "prompt_tokens": PROMPT, "output_tokens": OUTPUT, "mean_gap_s": MEAN_GAP_S, "target_ms": target,
+              "off": off, "on": on, "budget": budget.stats(), "caps": sorted(caps)}
+    Path(out_json).write_text(json.dumps(record, indent=1) + "\n")
 
-    gpu = torch.cuda.get_device_name(0)
-    record = {"gpu": gpu, "layers": LAYERS, "async_scheduling": async_sched, "align_block": block,
-              "max_num_batched_tokens": MAX_BATCHED, "requests": N_REQUESTS, "prompt_tokens": PROMPT,
-              "output_tokens": OUTPUT, "mean_gap_s": MEAN_GAP_S, "target_ms": target,
-              "off": off, "on": on, "budget": stats,
-              "caps": {"min": min(caps, default=None), "median": pct(caps, 0.5) if caps else None,
-                       "max": max(caps, default=None), "count": len(caps)}}
+
+def test_tpot_budget_cuts_inter_token_latency_p99_on_the_real_engine(tmp_path, run_env, record):
+    pytest.importorskip("vllm.v1.core.sched.dcu_tpot_budget", reason="this variant is built without patch 0004")
+    raw = tmp_path / "sched-tpot.json"
+    p = subprocess.run([sys.executable, __file__, str(raw)], env=run_env, cwd=REPO, timeout=540,
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and raw.is_file(), f"experiment failed (rc {p.returncode}):\n{p.stdout[-3000:]}{p.stderr[-6000:]}"
+    rec = json.loads(raw.read_text())
+    off, on, caps, target, block = rec["off"], rec["on"], rec["caps"], rec["target_ms"], rec["align_block"]
+
     out_dir = Path(os.environ.get("OUT") or REPO / "bench" / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{date.today().isoformat()}-{gpu.split()[-1].lower()}-sched-tpot"
-    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+    stem = f"{date.today().isoformat()}-{rec['gpu'].split()[-1].lower()}-sched-tpot"
+    (out_dir / f"{stem}.json").write_text(json.dumps(rec, indent=1) + "\n")
     rows = [("ITL P50 ms", "itl_ms", "p50"), ("ITL P99 ms", "itl_ms", "p99"), ("ITL max ms", "itl_ms", "max"),
             ("TPOT P50 ms", "tpot_ms", "p50"), ("TPOT P99 ms", "tpot_ms", "p99"),
             ("TTFT P50 ms", "ttft_ms", "p50"), ("TTFT P99 ms", "ttft_ms", "p99"),
             ("output tok/s", "output_tok_s", None), ("makespan s", "makespan_s", None)]
+    cap_note = f"{min(caps)}..{max(caps)} (median {pct(caps, 0.5)}, {len(caps)} steps)" if caps else "none"
     lines = [
+        "# Scheduler patch 0004 on the real engine: prefill budget off vs on",
+        "",
         "Command: `bash ci/gpu/run.sh pytest tests/gpu/test_scheduler_dcu_gpu.py -x -s`",
         "",
-        f"{gpu}, {LAYERS}-layer Qwen3.5-27B-shaped dummy model, align block {block}, async scheduling "
-        f"{async_sched}, max_num_batched_tokens {MAX_BATCHED}; {N_REQUESTS} requests, prompts {PROMPT[0]}-{PROMPT[1]}, "
-        f"outputs {OUTPUT[0]}-{OUTPUT[1]}, Poisson gaps {MEAN_GAP_S} s. Target {target} ms (2.5x off's ITL P50); "
-        f"prefill caps {record['caps']}.",
+        f"{rec['gpu']}, {LAYERS}-layer Qwen3.5-27B-shaped dummy model, align block {block}, async scheduling "
+        f"{rec['async_scheduling']}, max_num_batched_tokens {MAX_BATCHED}; {N_REQUESTS} requests, prompts "
+        f"{PROMPT[0]}-{PROMPT[1]}, outputs {OUTPUT[0]}-{OUTPUT[1]}, Poisson gaps {MEAN_GAP_S} s. Target {target} ms "
+        f"(2.5x off's ITL P50); prefill caps {cap_note}.",
         "",
         "| metric | off (upstream) | on (target) | on/off |",
         "|---|---|---|---|",
@@ -156,18 +168,26 @@ def test_tpot_budget_cuts_inter_token_latency_p99_on_the_real_engine(tmp_path):
         a = off[key][sub] if sub else off[key]
         b = on[key][sub] if sub else on[key]
         lines.append(f"| {label} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
+    stats = rec["budget"]
     lines.append(f"\nLearned step model (ms per scaled feature: 1, tokens/1024, requests/64, decode KV/2^20, "
                  f"prefill pairs/2^26): {[round(c, 3) for c in stats['coef']]}, residual std "
                  f"{stats['resid_std_ms']:.2f} ms over {stats['samples']} steps.")
     table = "\n".join(lines) + "\n"
     (out_dir / f"{stem}.md").write_text(table)
-    if os.environ.get("VLLM_DCU_SMOKE_REPORT"):  # ci/gpu/run.sh prints this table after pytest's summary
-        Path(os.environ["VLLM_DCU_SMOKE_REPORT"]).write_text(str(out_dir / f"{stem}.md"))
     print("\n" + table)
+    record(target_ms=target, itl_p99_off=round(off["itl_ms"]["p99"], 1), itl_p99_on=round(on["itl_ms"]["p99"], 1),
+           tpot_p99_off=round(off["tpot_ms"]["p99"], 1), tpot_p99_on=round(on["tpot_ms"]["p99"], 1),
+           tok_s_off=round(off["output_tok_s"], 1), tok_s_on=round(on["output_tok_s"], 1),
+           ttft_p50_off=round(off["ttft_ms"]["p50"]), ttft_p50_on=round(on["ttft_ms"]["p50"]))
 
+    assert rec["option_built"], "--scheduler-tpot-target-ms did not give the engine's scheduler a TpotBudget"
     assert off["complete"] and on["complete"], "a request did not get all its tokens"
     assert caps, "the budget never capped a step: the workload did not overlap prefill with decodes"
     assert all(c <= MAX_BATCHED for c in caps)
     if block:
         assert all(c % block == 0 for c in caps), f"caps not multiples of the {block}-token block: {set(caps)}"
     assert on["itl_ms"]["p99"] < 0.8 * off["itl_ms"]["p99"], "ITL P99 did not drop by 20%"
+
+
+if __name__ == "__main__":
+    experiment(sys.argv[1])
