@@ -1,0 +1,160 @@
+"""DCU_TRITON_ATTN backend (patch 0003) in the patched vLLM tree, on the CPU.
+
+Registry and platform wiring, the builder's decode-only vs mixed routing, and the Impl sending a
+decode-only batch through the split-KV kernel (Triton interpreter) and everything else to
+TRITON_ATTN's forward. End-to-end serving runs on the GPU harness.
+"""
+import os
+import types
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+import triton_interp_compat  # noqa: E402,F401
+
+from kernels.decode_attention.reference import paged_decode_reference  # noqa: E402
+
+HQ, HKV, D, BS = 6, 2, 32, 16
+
+
+@pytest.fixture(scope="module")
+def backend_mod(vllm_tree):
+    try:
+        from vllm.v1.attention.backends import dcu_triton_attn
+    except ImportError as e:
+        pytest.fail(f"DCU_TRITON_ATTN is not in the patched tree ({e}): is 0003-dcu-triton-decode-attention.patch "
+                    "in patches/series?")
+    return dcu_triton_attn
+
+
+def fake_vllm_config(max_num_seqs=8, capture_sizes=(1, 2, 4), cache_dtype="auto"):
+    from vllm.config import CUDAGraphMode
+
+    model = types.SimpleNamespace(
+        get_num_attention_heads=lambda pc: HQ, get_num_kv_heads=lambda pc: HKV, get_head_size=lambda: D)
+    return types.SimpleNamespace(
+        model_config=model,
+        parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),
+        compilation_config=types.SimpleNamespace(
+            cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE, cudagraph_capture_sizes=list(capture_sizes)),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs),
+        cache_config=types.SimpleNamespace(cache_dtype=cache_dtype),
+        speculative_config=None,
+    )
+
+
+def make_builder(backend_mod, **kw):
+    spec = types.SimpleNamespace(block_size=BS)
+    return backend_mod.DcuTritonAttentionMetadataBuilder(spec, ["layer.0"], fake_vllm_config(**kw), torch.device("cpu"))
+
+
+def common_metadata(query_lens, seq_lens, max_blocks=8):
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0)), dtype=torch.int32)
+    n_tok = int(qsl[-1])
+    table = torch.arange(len(seq_lens) * max_blocks, dtype=torch.int32).view(len(seq_lens), max_blocks)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        num_reqs=len(seq_lens), num_actual_tokens=n_tok, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        block_table_tensor=table, slot_mapping=torch.zeros(n_tok, dtype=torch.int64))
+
+
+def make_impl(backend_mod, **kw):
+    args = dict(num_heads=HQ, head_size=D, scale=D**-0.5, num_kv_heads=HKV, alibi_slopes=None, sliding_window=None,
+                kv_cache_dtype="auto")
+    args.update(kw)
+    return backend_mod.DcuTritonAttentionImpl(**args)
+
+
+def test_registry_resolves_the_name_to_a_triton_attn_subclass(backend_mod):
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionMetadata
+
+    cls = AttentionBackendEnum["DCU_TRITON_ATTN"].get_class()
+    assert cls is backend_mod.DcuTritonAttentionBackend and cls.get_name() == "DCU_TRITON_ATTN"
+    assert issubclass(cls, TritonAttentionBackend)
+    # eagle / KV connectors check isinstance(..., TritonAttentionMetadata)
+    assert issubclass(backend_mod.DcuTritonAttentionMetadata, TritonAttentionMetadata)
+    assert cls.get_kv_cache_shape(10, 784, 4, 256) == (10, 2, 784, 4, 256)
+
+
+def test_selection_validates_qwen35_shapes_and_rejects_what_triton_attn_rejects(backend_mod):
+    from vllm.platforms.interface import DeviceCapability
+
+    cls = backend_mod.DcuTritonAttentionBackend
+    common = dict(dtype=torch.bfloat16, kv_cache_dtype="auto", use_mla=False, has_sink=False, use_sparse=False,
+                  use_mm_prefix=False, use_per_head_quant_scales=False, device_capability=DeviceCapability(9, 0),
+                  attn_type="decoder")
+    assert cls.validate_configuration(head_size=256, block_size=784, **common) == []
+    assert "block_size not supported" in cls.validate_configuration(head_size=256, block_size=40, **common)
+    assert "head_size not supported" in cls.validate_configuration(head_size=16, block_size=16, **common)
+
+
+def test_rocm_prefers_the_backend_over_triton_attn(backend_mod, monkeypatch):
+    # import the ROCm platform module on a CPU machine: it asks torch for the GCN arch once
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: types.SimpleNamespace(gcnArchName="gfx936"))
+    from vllm.platforms import rocm
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as B
+
+    prio = rocm._get_backend_priorities(use_mla=False, use_sparse=False)
+    assert prio.index(B.DCU_TRITON_ATTN) < prio.index(B.TRITON_ATTN)
+    assert B.DCU_TRITON_ATTN not in rocm._get_backend_priorities(use_mla=True, use_sparse=False)
+
+
+def test_full_graphs_only_for_uniform_batches(backend_mod):
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    support = backend_mod.DcuTritonAttentionMetadataBuilder.get_cudagraph_support(None, None)
+    assert support == AttentionCGSupport.UNIFORM_BATCH
+
+
+def test_builder_marks_decode_only_batches_and_shares_one_workspace(backend_mod):
+    builder = make_builder(backend_mod, max_num_seqs=8)
+    decode = builder.build(0, common_metadata([1, 1, 1], [40, 3, 17]))
+    mixed = builder.build(0, common_metadata([1, 5, 1], [40, 9, 17]))
+    spec = builder.build(0, common_metadata([3, 3], [40, 9]))  # uniform spec-decode batch
+    too_big = make_builder(backend_mod, max_num_seqs=2, capture_sizes=(1, 2)).build(
+        0, common_metadata([1, 1, 1], [4, 4, 4]))
+    assert decode.decode_only and not mixed.decode_only and not spec.decode_only and not too_big.decode_only
+    assert decode.decode_workspace is mixed.decode_workspace is builder.decode_workspace
+    # graph capture builds decode metadata with seq_lens 1 and still routes to the decode kernel
+    captured = builder.build_for_cudagraph_capture(common_metadata([1] * 4, [9] * 4))
+    assert captured.decode_only and torch.equal(captured.seq_lens, torch.ones(4, dtype=torch.int32))
+
+
+def test_decode_only_batch_runs_the_split_kv_kernel(backend_mod, monkeypatch):
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    monkeypatch.setattr(TritonAttentionImpl, "forward", lambda *a, **k: pytest.fail("routed to unified attention"))
+    lens = [40, 3, 17]
+    g = torch.Generator().manual_seed(0)
+    kv_cache = torch.randn(24, 2, BS, HKV, D, generator=g).to(torch.bfloat16)
+    meta = make_builder(backend_mod).build(0, common_metadata([1] * 3, lens))
+    q = torch.randn(4, HQ, D, generator=g).to(torch.bfloat16)  # one padding row past the batch
+    out = torch.full_like(q, float("nan"))
+    make_impl(backend_mod).forward(None, q, None, None, kv_cache, meta, output=out)
+    k, v = kv_cache.unbind(1)
+    want = paged_decode_reference(q[:3], k, v, meta.block_table, meta.seq_lens, D**-0.5)
+    assert (out[:3].double() - want).abs().max() < 4e-2
+    assert out[3].isnan().all()  # rows past the batch are left alone
+
+
+@pytest.mark.parametrize("case", ["mixed batch", "sliding window", "sinks", "soft cap", "per-tensor fp8",
+                                  "profiling run", "fp32 query"])
+def test_everything_else_goes_to_triton_attn_forward(backend_mod, monkeypatch, case):
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    calls = []
+    monkeypatch.setattr(TritonAttentionImpl, "forward", lambda self, *a, **k: calls.append(a) or "unified")
+    impl_kw = {"sliding window": dict(sliding_window=64), "sinks": dict(sinks=torch.zeros(HQ)),
+               "soft cap": dict(logits_soft_cap=30.0), "per-tensor fp8": dict(kv_cache_dtype="fp8")}.get(case, {})
+    builder = make_builder(backend_mod)
+    meta = builder.build(0, common_metadata([1, 4] if case == "mixed batch" else [1, 1], [20, 30]))
+    if case == "profiling run":
+        meta = None
+    q = torch.zeros(5, HQ, D, dtype=torch.float32 if case == "fp32 query" else torch.bfloat16)
+    kv_cache = torch.zeros(16, 2, BS, HKV, D, dtype=torch.bfloat16)
+    assert make_impl(backend_mod, **impl_kw).forward(None, q, None, None, kv_cache, meta, output=q) == "unified"
+    assert len(calls) == 1
