@@ -196,7 +196,8 @@ def test_launcher_rejects_bad_inputs_with_one_clear_message():
     _bad(dict(case, q=case["q"][:, :3]), r"q heads \(3\) must be a multiple of kv heads \(2\)")
     _bad(case, "kv_quant must be one of", kv_quant="fp4")
     _bad(case, "kv_quant='int8' needs torch.uint8 caches", kv_quant="int8")
-    _bad(case, "num_splits must be a positive int", num_splits=0)
+    _bad(case, r"num_splits must be an int in \[1, 65535\]", num_splits=0)
+    _bad(case, r"num_splits must be an int in \[1, 65535\]", num_splits=70000)
     _bad(dict(case, k_scales=torch.ones(3)), "k_scales/v_scales are only used with")
     odd = make_case([5], block_size=24, hkv=2, hq=4)
     _bad(odd, "block size must be a multiple of 16, got 24")
@@ -229,6 +230,14 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
 def test_bad_env_override_fails_with_one_clear_error(text, match):
     with pytest.raises(ValueError, match=match):
         launch_params.get_params("sm90", override=text)
+
+
+def test_null_drops_a_rocm_option_and_nothing_else():
+    entry = launch_params.get_params("gfx936", override='{"matrix_instr_nonkdim": null, "kv8": {"waves_per_eu": null}}')
+    assert "matrix_instr_nonkdim" not in entry["kv16"] and "matrix_instr_nonkdim" not in entry["kv8"]
+    assert "waves_per_eu" in entry["kv16"] and "waves_per_eu" not in entry["kv8"]
+    with pytest.raises(ValueError, match="can be dropped with null, not BLOCK_N"):
+        launch_params.get_params("gfx936", override='{"BLOCK_N": null}')
 
 
 def test_dcu_entries_fit_64k_lds_and_are_marked_unmeasured():

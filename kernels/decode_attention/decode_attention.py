@@ -287,8 +287,8 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     _check_inputs(q, k_cache, v_cache, block_table, seq_lens, out, k_scales, v_scales, kv_quant)
     batch, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
-    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
-        _fail(f"num_splits must be a positive int, got {num_splits!r}")
+    if num_splits is not None and (not isinstance(num_splits, int) or not 1 <= num_splits <= 65535):
+        _fail(f"num_splits must be an int in [1, 65535] (the grid's z limit), got {num_splits!r}")
     launch, splits, min_split = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None)
     need = batch * splits * hq * (d + 1)
     if workspace is None:

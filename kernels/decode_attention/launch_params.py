@@ -14,8 +14,10 @@ Keys of an entry:
               whose estimate (lds_bytes) exceeds it, naming the knobs to lower.
 
 ``VLLM_DCU_DECODE_PARAMS`` overrides values for the current target without editing this file, e.g.
-``VLLM_DCU_DECODE_PARAMS='{"BLOCK_N": 32, "num_warps": 4}'`` (applies to kv16 and kv8) or
-``'{"kv8": {"BLOCK_N": 64}, "programs_per_cu": 4}'``.
+``VLLM_DCU_DECODE_PARAMS='{"BLOCK_N": 32, "num_warps": 4}'`` (applies to kv16 and kv8),
+``'{"kv8": {"BLOCK_N": 64}, "programs_per_cu": 4}'``, or ``'{"matrix_instr_nonkdim": null}'`` to drop a
+ROCm option that a Triton build does not accept. kernels/decode_attention/bench.py measures and
+prints an entry for the device it runs on.
 """
 import json
 import os
@@ -27,13 +29,13 @@ _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_in
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 
 # DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
-# - BLOCK_N 32 at head_dim 256: one 16 KiB bf16 K/V tile plus the 8 KiB Q tile in LDS, far below
-#   the 64 KiB ceiling. Compiled for gfx90a (the closest wave64 target upstream LLVM knows) it
-#   uses 16 KiB LDS and no scratch for every KV dtype; BLOCK_N 64 spills registers for the
-#   8-bit caches (the code conversion needs more live registers).
-# - num_warps 4 = 256 lanes (4 wave64), num_stages 1 (no async copies on gfx9),
-#   waves_per_eu 2 so two workgroups share a CU and hide HBM latency,
-#   matrix_instr_nonkdim 16 for the 16x16x16 bf16 MMAC.
+# - BLOCK_N 32 at head_dim 256: a 16 KiB bf16 K/V tile per stage plus the 8 KiB Q tile in LDS.
+#   Compiled with Triton 3.6 for gfx90a (the closest wave64 target upstream LLVM knows):
+#   bf16 with num_stages 2 (global loads of the next tile issued before this tile's math) uses
+#   32 KiB LDS, 154 VGPRs, no scratch; the 8-bit caches stay at num_stages 1 (int8 needs 224
+#   VGPRs there, 251 at 2 stages); BLOCK_N 64 spills registers for the 8-bit caches.
+# - num_warps 4 = 256 lanes (4 wave64), waves_per_eu 2 so two workgroups share a CU and hide
+#   HBM latency, matrix_instr_nonkdim 16 for the 16x16x16 bf16 MMAC.
 # - 2 programs per CU: batch 1 with 4 kv heads gets ~40 splits on a 80-CU part.
 _DCU = {
     "measured": False,
@@ -41,7 +43,7 @@ _DCU = {
     "programs_per_cu": 2,
     "max_splits": 64,
     "min_split_tokens": 256,
-    "kv16": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
+    "kv16": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
     "kv8": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
 }
 
@@ -166,6 +168,11 @@ def _build_params(target: str, text: str) -> dict:
                 entry["kv8"][key] = val
             else:
                 entry[key].update(val)
+        for sub in ("kv16", "kv8"):  # null drops an option (e.g. one a Triton build does not know)
+            for key in [k for k, v in entry[sub].items() if v is None]:
+                if key not in _ROCM_ONLY:
+                    raise ValueError(f"{where}: only {list(_ROCM_ONLY)} can be dropped with null, not {key}")
+                del entry[sub][key]
         entry["measured"] = False
     rocm = target.startswith("gfx") or target == "rocm"
     for sub in ("kv16", "kv8"):
