@@ -92,6 +92,14 @@ DEVIATIONS = [
 ]
 
 
+# Patches that the DCU (ROCm) turns on by default but CUDA only by a flag: a build that carries one gets the
+# flag on the H200 too, so the benchmark measures what the DCU would run. Keyed by the patch name without its
+# number; patch authors add their entry here.
+PATCH_SERVE_FLAGS = {
+    "dcu-triton-decode-attention": ["--attention-backend", "DCU_TRITON_ATTN"],
+}
+
+
 class BenchError(Exception):
     """Bad input or an unsupported combination: one line, exit status 2."""
 
@@ -208,9 +216,29 @@ def parse_variant_flags(items: list[str]) -> dict[str, list[str]]:
 
 
 def flags_for(a, variant: str) -> list[str]:
-    """Extra serve flags of a build: '*' (every build), then '+' (every build but the baseline), then its own."""
+    """Extra serve flags of a build: its patches' (PATCH_SERVE_FLAGS), then --variant-flags '*' (every
+    build), '+' (every build but the baseline) and its own."""
     others = [] if variant == a.baseline_name else a.flags_by_variant.get("+", [])
-    return a.flags_by_variant.get("*", []) + others + a.flags_by_variant.get(variant, [])
+    auto = getattr(a, "auto_flags", {}).get(variant, [])
+    return auto + a.flags_by_variant.get("*", []) + others + a.flags_by_variant.get(variant, [])
+
+
+def variant_patches(harness, name: str) -> list[str] | None:
+    """Patch file names the variant was built with (its vllm/dcu_patchset.json), None if unknown."""
+    try:
+        path = os.path.join(str(harness.variant_dir(name)), "vllm", "dcu_patchset.json")
+        with open(path) as f:
+            return [p["name"] for p in json.load(f).get("patches", [])]
+    except (AttributeError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def patch_flags(patches: list[str] | None) -> list[str]:
+    flags: list[str] = []
+    for name in patches or []:
+        key = re.sub(r"^\d+-", "", name).removesuffix(".patch")
+        flags += PATCH_SERVE_FLAGS.get(key, [])
+    return flags
 
 
 def validate_variants(requested: list[str], available: list[str], baseline: str | None) -> tuple[str, list[str]]:
@@ -264,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="extra `vllm serve` flags for one build, after the harness's (the last occurrence of a "
                          "flag wins), e.g. 'dcu.3.ab12=--attention-backend DCU_TRITON_ATTN'; repeatable; "
                          "NAME '*' = every build, '+' = every build but the baseline")
+    ap.add_argument("--no-patch-flags", action="store_true",
+                    help="do not add the serve flags a build's patches need on CUDA (PATCH_SERVE_FLAGS)")
     ap.add_argument("--capture-sizes", default=None,
                     help="CUDA-graph capture sizes, e.g. 1,2,4,8,16,32 (shorter starts; default: vLLM's, as the "
                          "contest)")
@@ -394,6 +424,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def gpu_total_gib() -> float | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        return float(out) / 1024.0
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
+
+
+def memory_overhead_gib(info: dict, total_gib: float | None, utilization: float = 0.95) -> float | None:
+    """What the server kept outside weights and KV cache (activation peak + non-torch memory), in GiB:
+    utilization x card - weights - KV. Measured here, it checks the dcu64 estimate (bench/profiles.py)."""
+    if total_gib is None or "weights_gib" not in info or "kv_cache_gib" not in info:
+        return None
+    return round(utilization * total_gib - info["weights_gib"] - info["kv_cache_gib"], 2)
+
+
 def gpu_label() -> str:
     try:
         name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
@@ -405,13 +452,15 @@ def gpu_label() -> str:
 
 
 _LOG_PATTERNS = {
+    "weights_gib": r"Model loading took ([\d.]+) GiB",
     "kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
     "kv_cache_tokens": r"GPU KV cache size: ([\d,]+) tokens",
     "max_concurrency_x": r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
     "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
-    "compile_s": r"torch\.compile takes ([\d.]+) s in total",
+    "compile_s": r"torch\.compile took ([\d.]+) s in total",
     "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
-    "vllm_version": r"vLLM API server version ([^\s]+)",
+    "graph_capture_gib": r"Graph capturing finished in [\d.]+ secs, took ([\d.]+) GiB",
+    "vllm_version": r"vLLM (?:API )?server version ([^\s,]+)",
 }
 
 
@@ -658,6 +707,8 @@ def run(a, clock: Clock) -> int:
     baseline, others = validate_variants(parse_list(a.variants), available, a.baseline)
     plan = make_plan(a, baseline, others)
     a.baseline_name = baseline
+    a.patches = {v: variant_patches(harness, v) for v in dict.fromkeys(p["variant"] for p in plan)}
+    a.auto_flags = {} if a.no_patch_flags else {v: patch_flags(ps) for v, ps in a.patches.items()}
     stray = [n for n in a.flags_by_variant if n not in ("*", "+") and n not in {p["variant"] for p in plan}]
     if stray:
         raise BenchError(f"--variant-flags names {','.join(stray)}, not in this run's plan "
@@ -665,6 +716,7 @@ def run(a, clock: Clock) -> int:
     harness_flags = harness_serve_args(harness, a.mode, a.capture_list)
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     gpu = a.gpu or ("h200" if a.dry_run else gpu_label())
+    total_gib = None if a.dry_run else gpu_total_gib()
     stem = f"{date}-{gpu}-{a.what or default_what(a)}"
     os.makedirs(a.out, exist_ok=True)
     model_dir = os.path.join(a.work, f"model-l{a.layers}")
@@ -696,16 +748,21 @@ def run(a, clock: Clock) -> int:
     clock.log("prompts: " + ", ".join(f"{t} sha256 {d['sha256'][:12]}" for t, d in prompt_info.items()))
 
     header = {
-        "schema": 1, "command": command, "date": date, "gpu": gpu, "stem": stem,
+        "schema": 1, "command": command, "date": date, "gpu": gpu, "gpu_total_gib": total_gib, "stem": stem,
         "args": {k: v for k, v in vars(a).items() if isinstance(v, (str, int, float, bool, list, type(None)))},
         "baseline": baseline, "plan": plan, "prompts": prompt_info,
         "server_flags": CONTEST_SERVER_FLAGS + a.profile_args + ["--max-model-len", str(MAX_MODEL_LEN),
                                                                  "--load-format", "dummy"] + harness_flags,
+        "variant_patches": a.patches,
         "variant_flags": {v: flags_for(a, v) for v in dict.fromkeys(p["variant"] for p in plan) if flags_for(a, v)},
         "bench_flags": CONTEST_BENCH_FLAGS + ["--custom-output-len", str(a.output_len), "--ignore-eos"],
         "load": {"concurrency": LOAD_CONCURRENCY, "rates": a.load_rates or "auto"},
         "deviations": [d.format(output_len=a.output_len, harness_flags=" ".join(harness_flags) or "(none)",
-                                layers=a.layers) for d in DEVIATIONS],
+                                layers=a.layers) for d in DEVIATIONS]
+        + ([f"CUDA-graph capture sizes {a.capture_sizes} (vLLM's default, as in the contest, captures up to "
+            "256; larger batches run piecewise either way)"] if a.capture_list else [])
+        + (["--mode eager: no torch.compile and no CUDA graphs (the contest runs with both)"]
+           if a.mode == "eager" else []),
         "profile_detail": ({"kv_cache_memory_bytes": profiles.dcu64_kv_bytes(a.layers, a.kv_gib),
                             **profiles.dcu64_breakdown()} if a.profile == "dcu64"
                            else {"gpu_memory_utilization": 0.95}),
@@ -795,7 +852,12 @@ def run(a, clock: Clock) -> int:
                 results.add(dict(base_run, protocol=None, tier=None, error=str(e)))
             finally:
                 srv.stop()
-                info = parse_server_log(open(log_path, errors="replace").read()) if os.path.exists(log_path) else {}
+                info = {}
+                if os.path.exists(log_path):
+                    with open(log_path, errors="replace") as f:
+                        info = parse_server_log(f.read())
+                if a.profile == "h200" and memory_overhead_gib(info, total_gib) is not None:
+                    info["overhead_gib"] = memory_overhead_gib(info, total_gib)
                 for r in results.doc["runs"]:
                     if r["order"] == i and "server" in r:
                         r["server"].update(info)

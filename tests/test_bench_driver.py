@@ -89,10 +89,21 @@ def test_variant_flags_go_after_the_harness_flags_of_that_build_only(tmp_path):
               tmp_path=tmp_path)
     assert p.returncode == 0, p.stderr
     lines = {line.split(":")[0]: line for line in p.stdout.splitlines() if line.startswith("server ")}
-    assert lines["server full"].endswith("--attention-backend TRITON_ATTN --disable-log-stats "
-                                         "--kv-cache-dtype fp8 --attention-backend DCU_TRITON_ATTN")
+    assert lines["server full"].endswith("--attention-backend TRITON_ATTN --attention-backend DCU_TRITON_ATTN "
+                                         "--disable-log-stats --kv-cache-dtype fp8 "
+                                         "--attention-backend DCU_TRITON_ATTN")
     assert lines["server slow"].endswith("--attention-backend TRITON_ATTN --disable-log-stats --kv-cache-dtype fp8")
     assert lines["server baseline"].endswith("--attention-backend TRITON_ATTN --disable-log-stats")
+
+
+def test_builds_with_patch_0003_get_the_dcu_attention_backend_on_cuda(tmp_path):
+    p = drive("--dry-run", "--variants", "full,slow", tmp_path=tmp_path)
+    lines = {line.split(":")[0]: line for line in p.stdout.splitlines() if line.startswith("server ")}
+    assert lines["server full"].endswith("--attention-backend TRITON_ATTN --attention-backend DCU_TRITON_ATTN")
+    assert lines["server slow"].endswith("--attention-backend TRITON_ATTN")  # no dcu_patchset.json
+    p = drive("--dry-run", "--variants", "full", "--no-patch-flags", tmp_path=tmp_path)
+    full = next(line for line in p.stdout.splitlines() if line.startswith("server full: "))
+    assert "DCU_TRITON_ATTN" not in full
 
 
 def test_eager_mode_and_capture_sizes_reach_the_harness_flags(tmp_path):
@@ -214,3 +225,23 @@ def test_bench_flags_parse_with_vllm_bench_serves_own_parser():
     ld = parser.parse_args(serve_bench.bench_cmd(a, "load", "4-8K", 8123, "/p/4-8K.jsonl", "/r", "y.json",
                                                  3.25, {}))
     assert (ld.max_concurrency, ld.request_rate, ld.num_prompts) == (16, 3.25, 32)
+
+
+def test_server_log_parsing_reads_vllm_0_18_1_messages_and_the_memory_overhead():
+    from bench.serve_bench import memory_overhead_gib, parse_server_log
+
+    log = """INFO 11-30 04:00:00 [utils.py:277] vLLM server version 0.18.1+dcu.2.ab12cd34, serving model /m
+INFO [gpu_model_runner.py:4567] Model loading took 16.08 GiB memory and 12.5 seconds
+INFO [monitor.py:20] torch.compile took 35.21 s in total
+INFO [gpu_worker.py:457] Available KV cache memory: 110.51 GiB
+INFO [kv_cache_utils.py:1316] GPU KV cache size: 1,552,320 tokens
+INFO [kv_cache_utils.py:1322] Maximum concurrency for 32,768 tokens per request: 47.37x
+INFO [gpu_model_runner.py:5747] Graph capturing finished in 12 secs, took 0.55 GiB
+INFO [core.py:282] init engine (profile, create kv cache, warmup model) took 80.12 seconds
+"""
+    info = parse_server_log(log)
+    assert info == {"vllm_version": "0.18.1+dcu.2.ab12cd34", "weights_gib": 16.08, "compile_s": 35.21,
+                    "kv_cache_gib": 110.51, "kv_cache_tokens": 1552320, "max_concurrency_x": 47.37,
+                    "graph_capture_s": 12, "graph_capture_gib": 0.55, "engine_init_s": 80.12}
+    assert memory_overhead_gib(info, 140.0) == round(0.95 * 140.0 - 16.08 - 110.51, 2)
+    assert memory_overhead_gib({"kv_cache_gib": 1.0}, 140.0) is None

@@ -23,6 +23,11 @@ def variant_env(name, inprocess=True):
     return env
 
 
+def variant_dir(name):
+    """Only `full` has a dcu_patchset.json (patches 0001 and 0003)."""
+    return os.path.join(HERE, "fake_variants", name)
+
+
 def serve_args(eager=False, **overrides):
     args = ["--language-model-only", "--attention-backend", "TRITON_ATTN"]
     if "compilation_config" in overrides:
