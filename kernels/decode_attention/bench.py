@@ -279,16 +279,19 @@ def plot(rows, copy_gbps, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(BATCHES), figsize=(4 * len(BATCHES), 3.6), sharey=True)
-    for ax, batch in zip(axes, BATCHES):
+    batches = sorted({r["batch"] for r in rows})
+    ctxs = sorted({r["ctx"] for r in rows})
+    fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 3.6), sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, batch in zip(axes, batches):
         for dtype in DTYPES + ("baseline_bf16",):
             pts = [(r["ctx"], r["GBps"]) for r in rows if r["batch"] == batch and r["dtype"] == dtype]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=dtype, linestyle="--" if dtype.startswith("baseline") else "-")
         ax.axhline(copy_gbps, color="k", linewidth=0.8)
-        ax.text(CTXS[0], copy_gbps * 1.01, "device copy", fontsize=7)
+        ax.text(ctxs[0], copy_gbps * 1.01, "device copy", fontsize=7)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(CTXS, [f"{c // 1024}K" for c in CTXS])
+        ax.set_xticks(ctxs, [f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in ctxs])
         ax.set_title(f"batch {batch}")
         ax.set_xlabel("context")
     axes[0].set_ylabel("KV bytes read / time (GB/s)")
@@ -324,7 +327,15 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="skip the parameter sweep")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
     ap.add_argument("--dry-run", action="store_true", help="check the script on the CPU at toy shapes")
+    ap.add_argument("--replot", metavar="JSON", help="only redraw the PNG of an earlier run's JSON (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.replot:
+        with open(args.replot) as f:
+            data = json.load(f)
+        png = os.path.splitext(args.replot)[0] + ".png"
+        plot(data["rows"], data["meta"]["copy_GBps"], png)
+        print(f"wrote {png}")
+        return
     if args.dry_run:
         if os.environ.get("TRITON_INTERPRET") != "1":
             sys.exit("error: --dry-run needs TRITON_INTERPRET=1 in the environment (set before Triton is imported)")
@@ -397,7 +408,10 @@ def main(argv=None):
               f"{json.dumps(meta['suggested_launch_params_entry'])}\n```\n"
     with open(base + ".md", "w") as f:
         f.write(md)
-    plot(rows, copy_gbps, base + ".png")
+    try:
+        plot(rows, copy_gbps, base + ".png")
+    except ImportError as e:
+        log(f"no PNG ({e}); make it where matplotlib is: python -m kernels.decode_attention.bench --replot {base}.json")
     log(f"wrote {base}.{{json,md,png}} in {time.time() - t_start:.0f} s")
     print(md)
 
