@@ -9,6 +9,8 @@ goes to stdout. EOF ends the process.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 import traceback
@@ -35,10 +37,19 @@ def main() -> int:
         parser = FlexibleArgumentParser(prog="vllm bench serve")
         add_cli_args(parser)
         status = {"rc": 0}
+        err = io.StringIO()
         try:
-            bench_main(parser.parse_args(argv))
+            with contextlib.redirect_stderr(err):
+                args = parser.parse_args(argv)
         except SystemExit as e:  # argparse errors
-            status = {"rc": 1, "error": f"exit {e.code}"}
+            sys.stderr.write(err.getvalue())
+            lines = err.getvalue().strip().splitlines() or [f"exit {e.code}"]
+            print(f"{MARK} {json.dumps({'rc': 1, 'error': lines[-1]})}", flush=True)
+            continue
+        try:
+            bench_main(args)
+        except SystemExit as e:
+            status = {"rc": 1, "error": f"vllm bench serve exited with {e.code}"}
         except Exception as e:  # noqa: BLE001 - reported to the driver, which records it
             traceback.print_exc()
             status = {"rc": 1, "error": f"{type(e).__name__}: {e}"[:500]}

@@ -245,3 +245,19 @@ INFO [core.py:282] init engine (profile, create kv cache, warmup model) took 80.
                     "graph_capture_s": 12, "graph_capture_gib": 0.55, "engine_init_s": 80.12}
     assert memory_overhead_gib(info, 140.0) == round(0.95 * 140.0 - 16.08 - 110.51, 2)
     assert memory_overhead_gib({"kv_cache_gib": 1.0}, 140.0) is None
+
+
+def test_bench_client_reports_each_call_and_survives_a_bad_one(tmp_path):
+    import sys as _sys
+
+    from bench import serve_bench
+
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests", "data", "fake_vllm"))
+    bad = ["--port", "1", "--bogus-flag"]
+    p = subprocess.run([_sys.executable, "bench/bench_client.py"], input=json.dumps(bad) + "\n" + json.dumps(bad)
+                       + "\n", capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    marks = [json.loads(line[len(serve_bench.MARK):]) for line in p.stdout.splitlines()
+             if line.startswith(serve_bench.MARK)]
+    assert marks[0] == {"rc": 0, "ready": True}
+    assert len(marks) == 3 and all(m["rc"] == 1 for m in marks[1:])
+    assert marks[1]["error"].startswith("vllm bench serve: error: ")  # argparse's own line
