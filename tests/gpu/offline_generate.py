@@ -35,8 +35,8 @@ def main() -> None:
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
     result = {
         "engine_start_s": round(start_s, 1),
-        "compilation_mode": str(cc.mode),
-        "cudagraph_mode": str(cc.cudagraph_mode),
+        "compilation_mode": getattr(cc.mode, "name", str(cc.mode)),  # IntEnum: str() would be "3"
+        "cudagraph_mode": getattr(cc.cudagraph_mode, "name", str(cc.cudagraph_mode)),
         "vocab_size": vocab,
         "counters": {k: getattr(compilation_counter, k) for k in (
             "num_graphs_seen", "num_backend_compilations", "num_cudagraph_captured",
