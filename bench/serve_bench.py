@@ -723,7 +723,9 @@ def run(a, clock: Clock) -> int:
     prompt_dir = os.path.join(a.work, "prompts")
     raw_dir = os.path.join(a.out, "raw", stem)
     log_dir = os.path.join(raw_dir, "logs")  # under $OUT, so the logs come back from the GPU box
-    command = "bash ci/gpu/run.sh python bench/serve_bench.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    # run.sh's `python` target sets VLLM_DCU_VARIANT; record the command the way it was started
+    prefix = "bash ci/gpu/run.sh python" if os.environ.get("VLLM_DCU_VARIANT") else "python"
+    command = f"{prefix} bench/serve_bench.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
 
     clock.log(f"plan: {' -> '.join(p['variant'] + ('(again)' if p['repeat'] else '') for p in plan)}; "
               f"tiers {','.join(a.tier_list)}; protocols {','.join(a.protocol_list)}; profile {a.profile}; "
@@ -875,7 +877,8 @@ def run(a, clock: Clock) -> int:
     from bench import report
     md_path, png_path = report.write_report([results.path], os.path.join(a.out, stem))
     clock.log(f"wrote {results.path}, {md_path}" + (f", {png_path}" if png_path else ""))
-    print(open(md_path).read(), flush=True)
+    with open(md_path) as f:  # the tables last (the setup notes stay in the file)
+        print(f.read().split("\n## Setup", 1)[0].rstrip() + "\n", flush=True)
     ok = [r for r in results.doc["runs"] if r.get("bench")]
     return 0 if ok else 1
 

@@ -261,3 +261,15 @@ def test_bench_client_reports_each_call_and_survives_a_bad_one(tmp_path):
     assert marks[0] == {"rc": 0, "ready": True}
     assert len(marks) == 3 and all(m["rc"] == 1 for m in marks[1:])
     assert marks[1]["error"].startswith("vllm bench serve: error: ")  # argparse's own line
+
+
+def test_report_records_the_exact_command_and_prints_the_tables_last(tmp_path):
+    p = drive("--variants", "full", "--tiers", "4-8K", "--requests", "2", "--what", "cmd", "--no-repeat-baseline",
+              tmp_path=tmp_path, env_extra={"VLLM_DCU_VARIANT": "full"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    md = next(f for f in os.listdir(tmp_path / "out") if f.endswith("-test-cmd.md"))
+    first = open(tmp_path / "out" / md).read().splitlines()[2]
+    assert first == (f"Command: `bash ci/gpu/run.sh python bench/serve_bench.py --work {tmp_path / 'work'} --gpu test "
+                     "--variants full --tiers 4-8K --requests 2 --what cmd --no-repeat-baseline`")
+    assert p.stdout.rstrip().endswith("|")  # a table row is the last thing printed
+    assert "## Setup" not in p.stdout
