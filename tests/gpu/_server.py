@@ -25,7 +25,7 @@ class ServerDied(AssertionError):
 class Server:
     """Start `argv` (a `vllm serve` command) with `env`, wait for /health, stop the whole group on exit."""
 
-    def __init__(self, argv: list[str], env: dict, log_path: Path, port: int, start_timeout_s: float = 480):
+    def __init__(self, argv: list[str], env: dict, log_path: Path, port: int, start_timeout_s: float = 300):
         self.argv, self.env, self.log_path, self.port = argv, env, Path(log_path), port
         self.start_timeout_s = start_timeout_s
         self.base = f"http://127.0.0.1:{port}"
