@@ -246,6 +246,9 @@ def render_markdown(docs: list[dict], report_cmd: str | None = None) -> str:
         L.append("")
         if d.get("server_flags"):
             L.append("- server flags: `" + shlex.join(d["server_flags"]) + "`")
+        for v, ps in (d.get("variant_patches") or {}).items():
+            if ps is not None:
+                L.append(f"- {v}: patches {', '.join(ps) or '(none)'}")
         for v, fl in (d.get("variant_flags") or {}).items():
             L.append(f"- extra server flags for {v}: `{shlex.join(fl)}`")
         if d.get("bench_flags"):
