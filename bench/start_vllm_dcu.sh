@@ -48,14 +48,22 @@ ATTENTION_BACKEND_16_32K=${ATTENTION_BACKEND_16_32K:-}  # measured: -
 DECODE_PARAMS_4_8K=${DECODE_PARAMS_4_8K:-}      # measured: -
 DECODE_PARAMS_8_16K=${DECODE_PARAMS_8_16K:-}    # measured: -
 DECODE_PARAMS_16_32K=${DECODE_PARAMS_16_32K:-}  # measured: -
+# Scheduler TPOT target in ms (patch 0004, opt-in): empty = off, upstream's scheduler. Neutral at the
+# contest's concurrency 1; it matters under load. Peers report the technical plan locks scheduler
+# settings: check compliance before turning it on for a submission.
+SCHEDULER_TPOT_TARGET_MS_4_8K=${SCHEDULER_TPOT_TARGET_MS_4_8K:-}      # measured: -
+SCHEDULER_TPOT_TARGET_MS_8_16K=${SCHEDULER_TPOT_TARGET_MS_8_16K:-}    # measured: -
+SCHEDULER_TPOT_TARGET_MS_16_32K=${SCHEDULER_TPOT_TARGET_MS_16_32K:-}  # measured: -
 # -----------------------------------------------------------------------------------------------------
 
 key=${TIER//-/_}
 [ "$TIER" = all ] && key=8_16K
 kv_var=KV_CACHE_DTYPE_$key attn_var=ATTENTION_BACKEND_$key dp_var=DECODE_PARAMS_$key
+tpot_var=SCHEDULER_TPOT_TARGET_MS_$key
 KV_CACHE_DTYPE=${!kv_var}
 ATTENTION_BACKEND=${!attn_var}
 DECODE_PARAMS=${!dp_var}
+TPOT_TARGET_MS=${!tpot_var}
 
 # The official start_vllm.sh, verbatim apart from $MODEL and $PORT.
 cmd=(vllm serve "$MODEL" --served-model-name Qwen3.5-27B --port "$PORT" --trust-remote-code
@@ -66,6 +74,7 @@ cmd=(vllm serve "$MODEL" --served-model-name Qwen3.5-27B --port "$PORT" --trust-
 # vllm-dcu's additions.
 [ "$KV_CACHE_DTYPE" != auto ] && cmd+=(--kv-cache-dtype "$KV_CACHE_DTYPE")
 [ -n "$ATTENTION_BACKEND" ] && cmd+=(--attention-backend "$ATTENTION_BACKEND")
+[ -n "$TPOT_TARGET_MS" ] && cmd+=(--scheduler-tpot-target-ms "$TPOT_TARGET_MS")
 envs=()
 [ -n "$DECODE_PARAMS" ] && envs+=("VLLM_DCU_DECODE_PARAMS=$DECODE_PARAMS")
 

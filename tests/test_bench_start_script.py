@@ -41,6 +41,12 @@ def test_per_tier_settings_apply_to_their_tier_only():
     assert argv[-2:] == ["--attention-backend", "TRITON_ATTN"] and "--kv-cache-dtype" not in argv
 
 
+def test_scheduler_target_is_opt_in():
+    assert "--scheduler-tpot-target-ms" not in start("8-16K", "--print").stdout
+    argv = shlex.split(start("8-16K", "--print", SCHEDULER_TPOT_TARGET_MS_8_16K="40").stdout)
+    assert argv[-2:] == ["--scheduler-tpot-target-ms", "40"]
+
+
 def test_all_uses_the_8_16k_settings():
     argv = shlex.split(start("all", "--print", KV_CACHE_DTYPE_8_16K="int8_per_token_head").stdout)
     assert argv[-2:] == ["--kv-cache-dtype", "int8_per_token_head"]
