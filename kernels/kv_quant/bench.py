@@ -52,8 +52,7 @@ def _upstream_writer():
     return triton_reshape_and_cache_flash, None
 
 
-def bench(tokens: list[int]) -> tuple[list[dict], dict]:
-    dev = "cuda"
+def bench(tokens: list[int], dev: str = "cuda") -> tuple[list[dict], dict]:
     upstream, why = _upstream_writer()
     rows = []
     for t in tokens:
@@ -70,11 +69,11 @@ def bench(tokens: list[int]) -> tuple[list[dict], dict]:
         methods = {}
         if upstream is not None:
             methods["bf16_upstream"] = (lambda: upstream(key, value, k16, v16, slots16, "auto", one, one), read)
-        flat_k, flat_v = k16.view(-1, H, D), v16.view(-1, H, D)
+        where16 = (slots16 // BLOCK_BF16, slots16 % BLOCK_BF16)
 
         def torch_copy():
-            flat_k.index_copy_(0, slots16, key)
-            flat_v.index_copy_(0, slots16, value)
+            k16.index_put_(where16, key)
+            v16.index_put_(where16, value)
 
         methods["bf16_torch"] = (torch_copy, read)
 

@@ -75,10 +75,9 @@ def _time_us(fn) -> float:
     return ms * 1e3
 
 
-def bench(batches, ctxs):
-    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-
-    dev = "cuda"
+def bench(batches, ctxs, dev="cuda", unified_attention=None):
+    if unified_attention is None:
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
     so = torch.empty(THRESHOLD_3D, HQ, SEGMENTS, D, dtype=torch.float32, device=dev)
     sm = torch.empty(THRESHOLD_3D, HQ, SEGMENTS, dtype=torch.float32, device=dev)
     se = torch.empty_like(sm)
