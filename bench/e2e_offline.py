@@ -1,0 +1,169 @@
+"""Concurrency-1 end-to-end TTFT / TPOT per build and configuration, offline engine (no HTTP), one GPU run.
+
+Each configuration runs in its own process with its harness variant on PYTHONPATH (bash ci/gpu/run.sh python
+bench/e2e_offline.py ...). Dummy Qwen3.5-27B-shaped weights (--layers, default 16: 4 full-attention layers with
+the real per-layer shapes). To keep engine starts short it skips torch.compile but keeps CUDA graphs for decode
+(compilation mode NONE, cudagraph_mode FULL_DECODE_ONLY, capture size 1): TPOT is graph-replayed kernels, like
+the contest's decode; TTFT is eager prefill (the same for every build except attention and KV-write kernels).
+
+  TTFT(n) = best of 2 wall times of a 1-token request with a fresh n-token prompt
+  TPOT(n) = (wall time of a 1+OUT-token request - TTFT(n)) / OUT, best of 2
+
+Configurations: NAME=VARIANT:BACKEND:KV_DTYPE, e.g. base=base:TRITON_ATTN:auto full-int8=full:DCU_TRITON_ATTN:int8_per_token_head.
+The first configuration is the baseline of the ratios. Writes <date>-<gpu>-e2e-offline.{json,md} into $OUT
+(default bench/results/) and prints the table last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def worker(cfg: dict) -> None:
+    dummy = _load("dummy_model", REPO / "ci" / "gpu" / "dummy_model.py")
+    harness = _load("harness", REPO / "ci" / "gpu" / "harness.py")
+    model = dummy.write_config(Path(cfg["model_dir"]), cfg["layers"])
+    import torch
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    kw = harness.engine_kwargs(
+        str(model), attention_backend=cfg["backend"], kv_cache_dtype=cfg["kv"], max_model_len=cfg["max_len"],
+        max_num_seqs=4, max_num_batched_tokens=4096, gpu_memory_utilization=0.85,
+        compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]})
+    llm = LLM(**kw)
+    start_s = time.perf_counter() - t0
+    rnd = random.Random(0)
+
+    def gen(n_in: int, n_out: int) -> float:
+        p = [{"prompt_token_ids": [rnd.randrange(1000, 200000) for _ in range(n_in)]}]
+        sp = SamplingParams(max_tokens=n_out, ignore_eos=True, temperature=0.0, detokenize=False)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = llm.generate(p, sp, use_tqdm=False)
+        dt = time.perf_counter() - t
+        assert len(out[0].outputs[0].token_ids) == n_out
+        return dt
+
+    rows = []
+    n_out = cfg["out_tokens"]
+    for n_in in cfg["inputs"]:
+        gen(n_in, 4)  # warm this length's shapes
+        ttft = min(gen(n_in, 1) for _ in range(2))
+        tall = min(gen(n_in, 1 + n_out) for _ in range(2))
+        rows.append(dict(input=n_in, ttft_ms=round(ttft * 1e3, 2), tpot_ms=round((tall - ttft) / n_out * 1e3, 4)))
+        print(f"e2e {cfg['name']}: {rows[-1]}", flush=True)
+    import vllm
+
+    print("RESULT " + json.dumps(dict(name=cfg["name"], variant=cfg["variant"], version=vllm.__version__,
+                                      backend=cfg["backend"], kv=cfg["kv"], start_s=round(start_s, 1), rows=rows)),
+          flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("configs", nargs="*", help="NAME=VARIANT:BACKEND:KV_DTYPE (first = baseline)")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--inputs", default="4096,8192,16384,32000")
+    ap.add_argument("--out-tokens", type=int, default=128)
+    ap.add_argument("--timeout-s", type=int, default=170, help="per configuration")
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(json.loads(args.worker))
+        return 0
+    if not args.configs:
+        print("e2e_offline: error: give at least one NAME=VARIANT:BACKEND:KV_DTYPE", file=sys.stderr)
+        return 2
+    harness = _load("harness", REPO / "ci" / "gpu" / "harness.py")
+    cfgs = []
+    for spec in args.configs:
+        try:
+            name, rest = spec.split("=", 1)
+            variant, backend, kv = rest.split(":")
+        except ValueError:
+            print(f"e2e_offline: error: bad configuration {spec!r}; expected NAME=VARIANT:BACKEND:KV_DTYPE",
+                  file=sys.stderr)
+            return 2
+        if variant not in harness.variants():
+            print(f"e2e_offline: error: unknown variant {variant!r}; bundle has {harness.variants()}", file=sys.stderr)
+            return 2
+        cfgs.append(dict(name=name, variant=variant, backend=backend, kv=kv, layers=args.layers,
+                         inputs=[int(x) for x in args.inputs.split(",")], out_tokens=args.out_tokens,
+                         max_len=max(int(x) for x in args.inputs.split(",")) + args.out_tokens + 64,
+                         model_dir=f"/tmp/e2e-model-l{args.layers}"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for cfg in cfgs:
+        env = harness.variant_env(cfg["variant"], inprocess=True)
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        t = time.perf_counter()
+        try:
+            p = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env, capture_output=True,
+                               text=True, timeout=args.timeout_s)
+            text = p.stdout + p.stderr
+        except subprocess.TimeoutExpired as e:
+            text = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+            text += f"\nTIMEOUT after {args.timeout_s} s"
+        res = next((json.loads(l[7:]) for l in text.splitlines() if l.startswith("RESULT ")), None)
+        if res is None:
+            tail = "\n".join(text.splitlines()[-25:])
+            print(f"e2e {cfg['name']}: FAILED after {time.perf_counter() - t:.0f} s\n{tail}", flush=True)
+            res = dict(name=cfg["name"], variant=cfg["variant"], backend=cfg["backend"], kv=cfg["kv"], failed=True,
+                       log_tail=tail)
+        results.append(res)
+    gpu = "unknown"
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    cmd = "bash ci/gpu/run.sh python bench/e2e_offline.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    stem = f"{datetime.date.today().isoformat()}-{gpu.lower().replace('nvidia ', '').replace(' ', '-')}-e2e-offline"
+    (out / f"{stem}.json").write_text(json.dumps(dict(command=cmd, gpu=gpu, layers=args.layers,
+                                                      out_tokens=args.out_tokens, results=results), indent=1))
+    base = results[0] if not results[0].get("failed") else None
+    lines = [f"# Concurrency-1 end to end, offline engine: {gpu}", "", f"Command: `{cmd}`", "",
+             f"{args.layers} layers (dummy Qwen3.5-27B shapes), compilation mode NONE + full CUDA graphs for decode, "
+             f"TPOT over {args.out_tokens} tokens; ratios are to `{results[0]['name']}` (lower is better).", "",
+             "| config | backend | kv | input | TTFT ms | TPOT ms | TTFT x base | TPOT x base |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r.get("failed"):
+            lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | FAILED | | | | |")
+            continue
+        for row in r["rows"]:
+            b = next((x for x in base["rows"] if x["input"] == row["input"]), None) if base else None
+            rt = f"{row['ttft_ms'] / b['ttft_ms']:.3f}" if b else "-"
+            rp = f"{row['tpot_ms'] / b['tpot_ms']:.3f}" if b else "-"
+            lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | {row['input']} | {row['ttft_ms']} | "
+                         f"{row['tpot_ms']} | {rt} | {rp} |")
+    md = "\n".join(lines) + "\n"
+    (out / f"{stem}.md").write_text(md)
+    print(md, flush=True)
+    return 0 if all(not r.get("failed") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
