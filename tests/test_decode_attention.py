@@ -10,9 +10,12 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 import triton_interp_compat  # noqa: E402,F401
 
 from kernels.decode_attention import decode_attention, launch_params, workspace_numel  # noqa: E402
+from kernels.decode_attention.decode_attention import _codes_to_f16  # noqa: E402
 from kernels.decode_attention.reference import paged_decode_reference  # noqa: E402
 from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache  # noqa: E402
 from kernels.kv_quant.reference import quantize_per_token_head  # noqa: E402
@@ -109,6 +112,52 @@ def test_tiles_straddling_large_pages_read_each_token_from_its_own_page(params, 
     params(BLOCK_N=32)
     case = make_case([seq_len], block_size=block_size, d=32, kv_quant=kv_quant, seed=1)
     assert_close(run(case, num_splits=3, software_fp8=True), reference(case), torch.float16)
+
+
+@pytest.mark.parametrize("kv_quant", [None, "int8", "fp8"])
+def test_pages_smaller_than_a_tile_read_each_token_from_its_own_page(params, kv_quant):
+    params(BLOCK_N=32)  # 16-token pages: one tile spans two or three pages
+    case = make_case([70, 33], block_size=16, d=32, kv_quant=kv_quant, seed=2)
+    assert_close(run(case, num_splits=2, software_fp8=True), reference(case), torch.float16)
+
+
+def test_garbage_past_the_end_of_the_last_page_does_not_reach_the_output():
+    # rows past seq_len re-read the last token (no row mask on the loads): NaN there must not matter
+    case = make_case([20, 45], block_size=32, hkv=1)
+    for b, n in enumerate([20, 45]):
+        page = case["block_table"][b, (n - 1) // 32]
+        case["k_cache"][page, (n - 1) % 32 + 1 :] = float("nan")
+        case["v_cache"][page, (n - 1) % 32 + 1 :] = float("nan")
+    assert_close(run(case, num_splits=2), reference(case), torch.float16)
+
+
+@pytest.mark.parametrize("kv_quant", ["fp8", "int8"])
+@pytest.mark.parametrize("q_scale", [3e4, 1e-4])
+def test_8bit_caches_take_queries_beyond_fp16_range(kv_quant, q_scale):
+    # 8-bit caches multiply in fp16 with q scaled by a power of two: |q| of 1e5 or 1e-5 stays exact
+    case = make_case([50, 9], block_size=16, hkv=1, dtype=torch.bfloat16, kv_quant=kv_quant)
+    case["q"] = (case["q"].float() * q_scale).to(torch.bfloat16)
+    case["scale"] = case["scale"] / q_scale
+    assert_close(run(case, num_splits=2, software_fp8=True), reference(case), torch.bfloat16)
+
+
+@triton.jit
+def _convert_kernel(codes_ptr, out_ptr, KV_QUANT: tl.constexpr):
+    offs = tl.arange(0, 256)
+    codes = tl.load(codes_ptr + offs[None, :])
+    tl.store(out_ptr + offs[None, :], _codes_to_f16(codes, KV_QUANT, True, False))
+
+
+@pytest.mark.parametrize("kv_quant", ["fp8", "int8"])
+def test_every_code_converts_exactly_to_fp16_with_integer_ops(kv_quant):
+    codes = torch.arange(256, dtype=torch.uint8)
+    out = torch.empty(256, dtype=torch.float16)
+    _convert_kernel[(1,)](codes, out, KV_QUANT=1 if kv_quant == "fp8" else 2)
+    if kv_quant == "fp8":  # value * 2^-8; subnormal codes included, NaN codes never written
+        finite = (codes & 0x7F) != 0x7F
+        assert torch.equal(out.float()[finite], codes.view(torch.float8_e4m3fn).float()[finite] / 256)
+    else:
+        assert torch.equal(out.float(), codes.view(torch.int8).float() / 128)
 
 
 def test_more_splits_than_blocks_leaves_extra_programs_idle():
@@ -226,10 +275,17 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     ('{"num_warps": "4"}', "num_warps must be a positive integer"),
     ('{"kv8": {"tile": 1}}', "'kv8' must be an object with keys from"),
     ('{"waves_per_eu": 2}', "ROCm-only options, not valid on sm90"),
+    ('{"kv16": {"early_convert": 1}}', "early_convert applies to kv8 only"),
+    ('{"early_convert": 3}', "kv8.early_convert must be 0, 1 or 2"),
 ])
 def test_bad_env_override_fails_with_one_clear_error(text, match):
     with pytest.raises(ValueError, match=match):
         launch_params.get_params("sm90", override=text)
+
+
+def test_early_convert_given_at_top_level_goes_to_kv8_only():
+    entry = launch_params.get_params("sm90", override='{"early_convert": 0}')
+    assert entry["kv8"]["early_convert"] == 0 and "early_convert" not in entry["kv16"]
 
 
 def test_null_drops_a_rocm_option_and_nothing_else():

@@ -17,7 +17,7 @@ Baseline: the file named by VLLM_DCU_BASELINE_UA (0.18.1's triton_unified_attent
 with stand-ins for its four vllm imports), else ``unified_attention`` of the installed vllm (make
 sure it is an unpatched 0.18.1); without either the baseline columns stay empty.
 
-Writes <date>-<device>-decode-attention.{json,md,png} into --out (default $OUT or bench/results/)
+Writes <date>-<device>-decode-attention[-<tag>].{json,md,png} into --out (default $OUT or bench/results/)
 and prints the markdown table last.
 """
 import argparse
@@ -214,9 +214,11 @@ def launch_grid():
                 for bn, w, st, we in grid]
         return {"kv16": cfgs, "kv8": cfgs}
     kv16 = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]
-    kv8 = [(32, 4, 3), (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]
-    return {kind: [dict(BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in grid]
-            for kind, grid in (("kv16", kv16), ("kv8", kv8))}
+    # kv8: (BLOCK_N, num_warps, num_stages, early_convert)
+    kv8 = [(64, 2, 2, 2), (64, 2, 2, 1), (64, 2, 2, 0), (64, 4, 2, 2), (64, 4, 2, 1), (64, 4, 2, 0), (64, 4, 3, 0),
+           (32, 2, 2, 2), (32, 4, 2, 0), (128, 4, 2, 0)]
+    return {"kv16": [dict(BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in kv16],
+            "kv8": [dict(BLOCK_N=bn, num_warps=w, num_stages=st, early_convert=e) for bn, w, st, e in kv8]}
 
 
 SWEEP_SHAPES = ((1, 32768), (4, 16384), (16, 8192), (64, 8192))
@@ -245,24 +247,26 @@ def measure(pools, dtype, shapes, override, rep=50):
 
 def sweep(pools, rows):
     best = {}
-    for kind, dtype in (("kv16", "bf16"), ("kv8", "int8_pth")):
+    # kv8 serves fp8 and int8: scored on int8 and on the software fp8 decode (the DCU's path)
+    for kind, dtypes in (("kv16", ("bf16",)), ("kv8", ("int8_pth", "fp8_pth_sw"))):
         scored = []
         for cfg in launch_grid()[kind]:
             t0 = time.time()
             try:
-                times = measure(pools, dtype, SWEEP_SHAPES, {kind: cfg})
+                times = [t for dtype in dtypes for t in measure(pools, dtype, SWEEP_SHAPES, {kind: cfg})]
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: record and go on
                 rows.append(dict(sweep="launch", kv=kind, config=cfg, error=f"{type(e).__name__}: {str(e)[:120]}"))
                 continue
             scored.append((geomean(times), cfg))
-            rows.append(dict(sweep="launch", kv=kind, config=cfg, shapes=SWEEP_SHAPES, us=[round(t, 1) for t in times],
+            rows.append(dict(sweep="launch", kv=kind, dtypes=dtypes, config=cfg, shapes=SWEEP_SHAPES,
+                             us=[round(t, 1) for t in times],
                              geomean_us=round(scored[-1][0], 2)))
             log(f"sweep {kind} {cfg}: {[round(t, 1) for t in times]} us ({time.time() - t0:.1f} s)")
         best[kind] = min(scored, key=lambda x: x[0])[1]
     split_scored = []
     for ppc, msplit in itertools.product((1, 2, 3, 4, 8), (64, 128, 256, 512)):
-        override = dict(kv16=best["kv16"], programs_per_cu=ppc, min_split_tokens=msplit)
-        times = measure(pools, "bf16", SPLIT_SHAPES, override)
+        override = dict(kv16=best["kv16"], kv8=best["kv8"], programs_per_cu=ppc, min_split_tokens=msplit)
+        times = measure(pools, "bf16", SPLIT_SHAPES, override) + measure(pools, "int8_pth", SPLIT_SHAPES, override)
         split_scored.append((geomean(times), ppc, msplit))
         rows.append(dict(sweep="splits", programs_per_cu=ppc, min_split_tokens=msplit, shapes=SPLIT_SHAPES,
                          us=[round(t, 1) for t in times], geomean_us=round(split_scored[-1][0], 2)))
@@ -328,6 +332,7 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
     ap.add_argument("--dry-run", action="store_true", help="check the script on the CPU at toy shapes")
     ap.add_argument("--replot", metavar="JSON", help="only redraw the PNG of an earlier run's JSON (no GPU needed)")
+    ap.add_argument("--tag", default="", help="appended to the output file names (keeps an earlier run of the day)")
     args = ap.parse_args(argv)
     if args.replot:
         with open(args.replot) as f:
@@ -393,12 +398,13 @@ def main(argv=None):
 
     stamp = datetime.date.today().isoformat()
     dev = props.name.replace(" ", "-").lower()
-    base = os.path.join(args.out, f"{stamp}-{dev}-decode-attention")
+    base = os.path.join(args.out, f"{stamp}-{dev}-decode-attention" + (f"-{args.tag}" if args.tag else ""))
     suggested = {k: config.get(k, entry[k]) for k in ("programs_per_cu", "min_split_tokens", "kv16", "kv8")}
     meta = dict(device=props.name, target=target, num_cus=props.multi_processor_count, copy_GBps=copy_gbps,
                 baseline=ua_src, config=config, swept=not args.quick, torch=torch.__version__,
                 triton=triton.__version__, command="python -m kernels.decode_attention.bench" +
-                (" --quick" if args.quick else ""), seconds=round(time.time() - t_start),
+                (" --quick" if args.quick else "") + (f" --tag {args.tag}" if args.tag else ""),
+                seconds=round(time.time() - t_start),
                 suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))
     with open(base + ".json", "w") as f:
         json.dump(dict(meta=meta, rows=rows, sweep=sweep_rows), f, indent=1)

@@ -15,15 +15,22 @@ and the number of compute units only; each program computes its own split range 
 sequence's length. So nothing is read back from the device and a captured CUDA/HIP graph is valid
 for any context length.
 
-Quantized caches (docs/kv-cache-layout.md, kv_quant "fp8" or "int8"): uint8 codes are converted
-to the query dtype (exact) and the per-(token, head) float32 scales are applied to the columns of
-S (K) and of P (V), never to the tiles.
+Quantized caches (docs/kv-cache-layout.md, kv_quant "fp8" or "int8"): the uint8 codes become fp16
+(e4m3 value / 256, int8 value / 128: exact, e4m3 subnormals included) and both products run in
+fp16; the per-(token, head) float32 scales (times 256 or 128) are applied to the columns of S (K)
+and of P (V), never to the tiles. fp16 rather than the query's bf16 because e4m3 -> fp16 is a
+plain bit move (no subnormal special case) and int8 -> fp16 a byte permute and one subtraction;
+q is multiplied by a power of two that puts max|q| at 2^12 (exact, undone in S), P saturates at
+fp16's 65504 (reached only when a V head's max |value| exceeds ~65000 (int8) / ~114000 (fp8)).
+Rows past the end of a sequence re-read its last token instead of being masked, so the K/V loads
+carry no row mask. On CUDA the conversions are PTX (4 codes per instruction sequence; the software
+e4m3 path uses integer ops only); elsewhere the same values come from portable Triton ops.
 """
 import torch
 import triton
 import triton.language as tl
 
-from ..fp8_e4m3 import e4m3_bits_to_f32, use_software_fp8
+from ..fp8_e4m3 import e4m3_bits_to_f32_hw, use_software_fp8
 from . import launch_params
 
 _LOG2E = 1.4426950408889634
@@ -42,14 +49,77 @@ def _split_range(seq_len, max_splits, min_split_tokens, BLOCK_N: tl.constexpr):
     return tiles_per_split, tl.cdiv(n_tiles, tiles_per_split)
 
 
+# Codes become fp16 bit patterns: e4m3 -> value * 2^-8 (subnormals included), int8 -> value * 2^-7.
+# Both exact; the factor goes back in with the scales.
+# CUDA: the conversions in PTX on 4 codes (one 32-bit word) at a time. is_pure=False (launch
+# parameter early_convert) keeps Triton from moving them behind the shared-memory load of the dot
+# operand, where V's bytes would be gathered one by one (V's reduction axis is the strided one).
+_PTX_INT8 = tl.constexpr("""{
+    .reg .b32 u, a0, a1, k;
+    mov.b32 k, 0x48804880;
+    xor.b32 u, $2, 0x80808080;
+    prmt.b32 a0, u, 0x4848, 0x4140;
+    prmt.b32 a1, u, 0x4848, 0x4342;
+    sub.f16x2 $0, a0, k;
+    sub.f16x2 $1, a1, k;
+}""")  # bytes x ^ 0x80 under fp16 exponent 0x48: 8 + (x + 128) / 128; minus 9 leaves x / 128
+_PTX_E4M3_SW = tl.constexpr("""{
+    .reg .b32 a0, a1, b0, b1;
+    prmt.b32 a0, 0, $2, 0x5040;
+    prmt.b32 a1, 0, $2, 0x7060;
+    lop3.b32 b0, a0, 0x7fff7fff, 0, 0xc0;
+    lop3.b32 b1, a1, 0x7fff7fff, 0, 0xc0;
+    shr.b32 b0, b0, 1;
+    shr.b32 b1, b1, 1;
+    lop3.b32 $0, b0, 0x80008000, a0, 0xf8;
+    lop3.b32 $1, b1, 0x80008000, a1, 0xf8;
+}""")  # integer ops only: code c in a 16-bit lane as c << 8; (lane & 0x7fff) >> 1 | sign = e4m3 bits as fp16 / 256
+_PTX_E4M3_HW = tl.constexpr("""{
+    .reg .b16 l, h;
+    .reg .b32 a0, a1, k;
+    mov.b32 k, 0x1c001c00;
+    mov.b32 {l, h}, $2;
+    cvt.rn.f16x2.e4m3x2 a0, l;
+    cvt.rn.f16x2.e4m3x2 a1, h;
+    mul.f16x2 $0, a0, k;
+    mul.f16x2 $1, a1, k;
+}""")  # hardware e4m3 -> fp16, times 2^-8 (exact) to match the software path bit for bit
+
+
 @triton.jit
-def _to_dot_dtype(codes, DTYPE: tl.constexpr, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr):
-    if KV_QUANT == 1:
-        return e4m3_bits_to_f32(codes, FP8_SOFTWARE).to(DTYPE)
+def _codes_to_f16(codes, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
+                  PURE: tl.constexpr = False):
+    """uint8 codes -> fp16: e4m3 value * 2^-8, or int8 value * 2^-7 (exact either way). PURE lets
+    Triton move the PTX conversion behind the shared-memory load of the dot operand (launch
+    parameter early_convert)."""
+    if PTX:
+        if KV_QUANT == 2:
+            return tl.inline_asm_elementwise(_PTX_INT8, "=r,=r,r", [codes], dtype=tl.float16, is_pure=PURE, pack=4)
+        elif FP8_SOFTWARE:
+            return tl.inline_asm_elementwise(_PTX_E4M3_SW, "=r,=r,r", [codes], dtype=tl.float16, is_pure=PURE, pack=4)
+        else:
+            return tl.inline_asm_elementwise(_PTX_E4M3_HW, "=r,=r,r", [codes], dtype=tl.float16, is_pure=PURE, pack=4)
     elif KV_QUANT == 2:
-        return codes.to(tl.int8, bitcast=True).to(tl.float32).to(DTYPE)
+        return codes.to(tl.int8, bitcast=True).to(tl.float16) * 0.0078125
+    elif FP8_SOFTWARE:
+        # sign to bit 15 (x + (x & 0x80) carries bit 7 into bit 8), exponent and mantissa under fp16's
+        x = codes.to(tl.int16)
+        return ((x + (x & 0x80)) << 7).to(tl.float16, bitcast=True)
     else:
-        return codes
+        return (e4m3_bits_to_f32_hw(codes) * 0.00390625).to(tl.float16)
+
+
+@triton.jit
+def _pow2_fp16_scale(q):
+    """(s, 1/s): s a power of two that puts max|q| in [2^12, 2^13), so q * s is exact in fp16 (no
+    overflow; bf16's 8 significant bits fit fp16's 11 down to 2^-26 of the maximum). Built from the
+    exponent bits, not exp2/log2, so it is exact on every target."""
+    amax = tl.max(tl.max(tl.abs(q), axis=1), axis=0)
+    e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent of max|q|
+    s_exp = tl.minimum(266 - e, 253)  # 127 + 12 - (e - 127); zero q: 2^126
+    s = (s_exp << 23).to(tl.float32, bitcast=True)
+    inv_s = ((254 - s_exp) << 23).to(tl.float32, bitcast=True)
+    return s, inv_s
 
 
 # max_splits and min_split_tokens change with the batch size (or a forced split count): not
@@ -67,8 +137,9 @@ def _decode_split_kernel(
     stride_btb,
     stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
+    KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
+    K_PURE: tl.constexpr = False, V_PURE: tl.constexpr = False,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -96,6 +167,18 @@ def _decode_split_kernel(
         return
 
     q = tl.load(q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :], mask=hd_mask, other=0.0)
+    if KV_QUANT != 0:
+        # 8-bit caches: fp16 products (every code is exact in fp16, see _codes_to_f16), q scaled
+        # by a power of two into fp16's range; the factors come back out of S in s_mult.
+        q32 = q.to(tl.float32)
+        q_s, q_inv_s = _pow2_fp16_scale(q32)
+        q = (q32 * q_s).to(tl.float16)
+        if KV_QUANT == 2:
+            code_unit = 128.0
+        else:
+            code_unit = 256.0
+        s_mult = scale_log2 * code_unit * q_inv_s
+    dot_dtype = q.dtype
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -104,24 +187,42 @@ def _decode_split_kernel(
     bt_row = block_table_ptr + seq * stride_btb
     tile_start = split * tiles_per_split
     tile_end = tl.minimum(tile_start + tiles_per_split, tl.cdiv(seq_len, BLOCK_N))
+    last = seq_len - 1
+    last_page = last // block_size
+    # Rows past the end of the sequence re-read its last token (always valid memory, finite), so the
+    # K/V loads need no row mask; their scores are set to -inf below.
+    if HEAD_DIM == BLOCK_D:
+        kv_mask = None
+        kv_other = None
+    else:
+        kv_mask = d_mask[None, :]
+        kv_other = 0
     for tile in range(tile_start, tile_end):
         tok = tile * BLOCK_N + offs_n
         n_mask = tok < seq_len
-        page = tok // block_size
-        slot = tok - page * block_size
-        phys = tl.load(bt_row + page, mask=n_mask, other=0).to(tl.int64)
-        if HEAD_DIM == BLOCK_D:
-            kv_mask = n_mask[:, None]  # row-only mask keeps the loads vectorized (and async on sm80+)
+        tok = tl.minimum(tok, last)
+        if PAGE_GE_TILE:
+            # a tile touches at most two pages: two scalar block-table reads, no per-token division
+            page0 = (tile * BLOCK_N) // block_size
+            phys0 = tl.load(bt_row + page0).to(tl.int64)
+            phys1 = tl.load(bt_row + tl.minimum(page0 + 1, last_page)).to(tl.int64)
+            slot = tok - page0 * block_size
+            second = slot >= block_size
+            slot = tl.where(second, slot - block_size, slot)
+            phys = tl.where(second, phys1, phys0)
         else:
-            kv_mask = n_mask[:, None] & d_mask[None, :]
+            page = tok // block_size
+            slot = tok - page * block_size
+            phys = tl.load(bt_row + page).to(tl.int64)
 
         k_row = phys * stride_kb + slot * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + k_row[:, None] + offs_d[None, :], mask=kv_mask, other=0)
-        k = _to_dot_dtype(k, q.dtype, KV_QUANT, FP8_SOFTWARE)
+        k = tl.load(k_ptr + k_row[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
+        if KV_QUANT != 0:
+            k = _codes_to_f16(k, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE)
         s = tl.dot(q, tl.trans(k))
         if KV_QUANT != 0:
-            k_scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh, mask=n_mask, other=0.0)
-            s = s * (k_scale * scale_log2)[None, :]
+            k_scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh)
+            s = s * (k_scale * s_mult)[None, :]
         else:
             s = s * scale_log2
         s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -132,12 +233,13 @@ def _decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
         v_row = phys * stride_vb + slot * stride_vt + kv_head * stride_vh
-        v = tl.load(v_ptr + v_row[:, None] + offs_d[None, :], mask=kv_mask, other=0)
-        v = _to_dot_dtype(v, q.dtype, KV_QUANT, FP8_SOFTWARE)
+        v = tl.load(v_ptr + v_row[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
         if KV_QUANT != 0:
-            v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh, mask=n_mask, other=0.0)
-            p = p * v_scale[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+            v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX, V_PURE)
+            v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
+            # fp16 P: saturate instead of overflowing (only for |V| > ~65000, see module docstring)
+            p = tl.minimum(p * (v_scale * code_unit)[None, :], 65504.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(dot_dtype), v)
         m_i = m_new
 
     o = acc / l_i[:, None]
@@ -186,6 +288,16 @@ def _merge_splits_kernel(
 
 
 _NUM_CUS: dict = {}
+
+# None: PTX code conversions on CUDA (not under the interpreter), portable Triton ops elsewhere.
+# Tests set it to False to run the portable path on a CUDA GPU.
+PTX_CONVERSIONS = None
+
+
+def _use_ptx(device: torch.device) -> bool:
+    if PTX_CONVERSIONS is not None:
+        return bool(PTX_CONVERSIONS)
+    return device.type == "cuda" and torch.version.hip is None and launch_params.current_target(device) != "interpreter"
 
 
 def _num_compute_units(device: torch.device) -> int:
@@ -308,6 +420,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         software_fp8 = kv_quant == "fp8" and use_software_fp8()
     block_d = triton.next_power_of_2(d)
     block_n = launch.pop("BLOCK_N")
+    early_convert = launch.pop("early_convert", 2)
 
     _decode_split_kernel[(batch, hkv, splits)](
         q, k_cache, v_cache, k_scales, v_scales, block_table, seq_lens,
@@ -317,7 +430,8 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
         block_table.stride(0), out.stride(0), out.stride(1),
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, BLOCK_N=block_n,
-        KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8), **launch,
+        PAGE_GE_TILE=block_size >= block_n, KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8),
+        PTX=kv_quant is not None and _use_ptx(q.device), K_PURE=early_convert < 2, V_PURE=early_convert < 1, **launch,
     )  # fmt: skip
     if splits > 1:
         block_dm = min(_MERGE_DIM, block_d)

@@ -9,7 +9,10 @@ Keys of an entry:
               splits that cost more to merge than they save);
   kv16 / kv8  Triton launch options for 2-byte (bf16/fp16) and 1-byte (fp8/int8 per-token-head)
               caches: BLOCK_N (tokens per tile), num_warps, num_stages, and on ROCm
-              waves_per_eu and matrix_instr_nonkdim;
+              waves_per_eu and matrix_instr_nonkdim; kv8 only, CUDA only: early_convert, where the
+              PTX code conversions run: 0 after the shared-memory load (in the dot-operand layout;
+              V's bytes are then gathered one by one), 1 V before it (converted fp16 V goes
+              through shared memory, K as 0), 2 K and V before it (default);
   lds_limit   bytes of LDS one workgroup may use on ROCm; the launcher rejects a configuration
               whose estimate (lds_bytes) exceeds it, naming the knobs to lower.
 
@@ -25,8 +28,9 @@ import os
 ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
-_LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim")
+_LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
+_KV8_ONLY = ("early_convert",)
 
 # DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
 # - BLOCK_N 32 at head_dim 256: a 16 KiB bf16 K/V tile per stage plus the 8 KiB Q tile in LDS.
@@ -48,15 +52,16 @@ _DCU = {
 }
 
 PARAMS = {
-    # H200 (sm90, 132 SMs, 228 KiB shared memory per SM). Set from bench.py's sweep when measured.
+    # H200 (sm90, 132 SMs, 228 KiB shared memory per SM): bench.py's sweep in
+    # bench/results/2026-11-30-nvidia-h200-decode-attention-kv8fp16.md
     "sm90": {
-        "measured": False,
+        "measured": True,
         "lds_limit": None,  # Triton itself rejects configs beyond the 227 KiB per block
         "programs_per_cu": 2,
         "max_splits": 128,
-        "min_split_tokens": 256,
-        "kv16": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-        "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+        "min_split_tokens": 64,
+        "kv16": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "early_convert": 1},
     },
     "gfx936": dict(_DCU),
     "gfx928": dict(_DCU),
@@ -131,7 +136,12 @@ def _check_ints(entry: dict, where: str):
             raise ValueError(f"{where}: {key} must be a positive integer, got {entry[key]!r}")
     for sub in ("kv16", "kv8"):
         for key, val in entry[sub].items():
-            if not isinstance(val, int) or val < (0 if key == "waves_per_eu" else 1):
+            if key in _KV8_ONLY:
+                if sub != "kv8":
+                    raise ValueError(f"{where}: {key} applies to kv8 only")
+                if val not in (0, 1, 2):
+                    raise ValueError(f"{where}: kv8.{key} must be 0, 1 or 2, got {val!r}")
+            elif not isinstance(val, int) or val < (0 if key == "waves_per_eu" else 1):
                 raise ValueError(f"{where}: {sub}.{key} must be a positive integer, got {val!r}")
         bn = entry[sub]["BLOCK_N"]
         if bn < 16 or bn & (bn - 1):
@@ -163,6 +173,8 @@ def _build_params(target: str, text: str) -> dict:
         for key, val in ov.items():
             if key in _SPLIT_KEYS:
                 entry[key] = val
+            elif key in _KV8_ONLY:
+                entry["kv8"][key] = val
             elif key in _LAUNCH_KEYS:
                 entry["kv16"][key] = val
                 entry["kv8"][key] = val

@@ -4,16 +4,22 @@ Against the float32 torch reference: every block size the hybrid cache produces,
 lengths, bf16 / fp8 (hardware and software decode) / int8 per-token-head caches; CUDA-graph replay
 with changing context lengths; one compiled kernel for every batch size.
 """
+import importlib
+import json
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from kernels.decode_attention import decode_attention, workspace_numel
-from kernels.decode_attention.decode_attention import _decode_split_kernel, _merge_splits_kernel
+from kernels.decode_attention import decode_attention, launch_params, workspace_numel
+from kernels.decode_attention.decode_attention import _codes_to_f16, _decode_split_kernel, _merge_splits_kernel
 from kernels.decode_attention.reference import paged_decode_reference
 from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
 from kernels.kv_quant.reference import quantize_per_token_head
 
 pytestmark = pytest.mark.gpu
+da_module = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
 
 HQ, HKV, D = 24, 4, 256
 DEV = "cuda"
@@ -94,8 +100,8 @@ def test_forced_split_counts_agree_with_reference(num_splits):
 
 
 def test_cuda_graph_replay_stays_correct_when_context_lengths_change():
-    case = make_case([30000, 12000, 800, 5], 784)
-    real_lens = case["seq_lens"].clone()
+    case = make_case([30000, 12000, 800, 5], 784)  # rows of 39, 16, 2 and 1 pages
+    real_lens, real_table = case["seq_lens"].clone(), case["block_table"].clone()
     ws = torch.empty(workspace_numel(4, HQ, HKV, D, DEV), dtype=torch.float32, device=DEV)
     out = torch.empty_like(case["q"])
     case["seq_lens"].fill_(1)  # as vLLM captures: seq_lens 1
@@ -104,12 +110,18 @@ def test_cuda_graph_replay_stays_correct_when_context_lengths_change():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run(case, out=out, workspace=ws)
-    for lens in (real_lens, torch.tensor([5, 0, 30001, 784], dtype=torch.int32, device=DEV)):
+    # second step: sequences move between batch slots (their block-table rows move with them, as in
+    # vLLM's persistent batch), one slot is padding, lengths grow within their pages
+    moved = real_table[[3, 1, 0, 2]]
+    steps = ((real_lens, real_table), (torch.tensor([5, 0, 30001, 784], dtype=torch.int32, device=DEV), moved))
+    for lens, table in steps:
         case["seq_lens"].copy_(lens)
+        case["block_table"].copy_(table)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         check(out, case)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
 def _compiled(kernel):
@@ -122,3 +134,70 @@ def test_one_compiled_kernel_serves_every_batch_size():
     for batch in (2, 3, 16, 17, 64, 200):
         run(make_case([100 + 37 * i for i in range(batch)], 784, table_width=64))
     assert (_compiled(_decode_split_kernel), _compiled(_merge_splits_kernel)) == before
+
+
+@pytest.mark.parametrize("kv_quant,software", [("fp8", False), ("fp8", True), ("int8", False)])
+def test_ptx_code_conversions_agree_with_the_portable_triton_ones(monkeypatch, kv_quant, software):
+    # CUDA converts codes with inline PTX; the DCU runs the portable Triton ops: same fp16 values
+    case = make_case([7000, 1553, 20], 1552, kv_quant=kv_quant, seed=4)
+    ptx = run(case, software_fp8=software)
+    monkeypatch.setattr(da_module, "PTX_CONVERSIONS", False)
+    portable = run(case, software_fp8=software)
+    check(portable, case)
+    assert (ptx.float() - portable.float()).abs().max().item() <= 2e-3
+
+
+@pytest.mark.parametrize("kv_quant,software", [("fp8", False), ("fp8", True), ("int8", False)])
+@pytest.mark.parametrize("early_convert", [0, 1, 2])
+def test_every_placement_of_the_code_conversion_matches_reference(monkeypatch, kv_quant, software, early_convert):
+    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"early_convert": early_convert}}))
+    case = make_case([5000, 1553, 3], 1552, kv_quant=kv_quant, seed=7)
+    check(run(case, software_fp8=software), case)
+
+
+@pytest.mark.parametrize("kv_quant", [None, "fp8", "int8"])
+def test_garbage_past_the_end_of_the_last_page_never_reaches_the_output(kv_quant):
+    # rows past seq_len re-read the last token instead of being masked: NaN (bf16) or NaN-code (fp8
+    # 0x7f) garbage in the unused slots of the last page must not matter
+    lens = [1000, 1553, 17]
+    case = make_case(lens, 784 if kv_quant is None else 1552, kv_quant=kv_quant, seed=5)
+    bs = case["k_cache"].shape[1]
+    for b, n in enumerate(lens):
+        page = case["block_table"][b, (n - 1) // bs]
+        for cache in (case["k_cache"], case["v_cache"]):
+            cache[page, (n - 1) % bs + 1 :] = float("nan") if kv_quant is None else 0x7F
+        if kv_quant is not None:
+            for scales in (case["k_scales"], case["v_scales"]):
+                scales[page, (n - 1) % bs + 1 :] = float("nan")
+    check(run(case, software_fp8=False), case)
+
+
+@pytest.mark.parametrize("kv_quant", ["fp8", "int8"])
+@pytest.mark.parametrize("q_scale", [3e4, 1e-4])
+def test_8bit_caches_take_queries_beyond_fp16_range(kv_quant, q_scale):
+    # 8-bit caches multiply in fp16: q is scaled by a power of two into range first
+    case = make_case([3000, 90], 1552, kv_quant=kv_quant, seed=6)
+    case["q"] = (case["q"].float() * q_scale).to(torch.bfloat16)
+    case["scale"] = D**-0.5 / q_scale
+    check(run(case), case)
+
+
+@triton.jit
+def _convert_kernel(codes_ptr, out_ptr, KV_QUANT: tl.constexpr, SOFTWARE: tl.constexpr, PTX: tl.constexpr):
+    offs = tl.arange(0, 256)
+    codes = tl.load(codes_ptr + offs[None, :])
+    tl.store(out_ptr + offs[None, :], _codes_to_f16(codes, KV_QUANT, SOFTWARE, PTX))
+
+
+@pytest.mark.parametrize("kv_quant,software", [("fp8", False), ("fp8", True), ("int8", False)])
+@pytest.mark.parametrize("ptx", [True, False])
+def test_every_code_converts_exactly_to_fp16(kv_quant, software, ptx):
+    codes = torch.arange(256, dtype=torch.uint8, device=DEV)
+    out = torch.empty(256, dtype=torch.float16, device=DEV)
+    _convert_kernel[(1,)](codes, out, KV_QUANT=1 if kv_quant == "fp8" else 2, SOFTWARE=software, PTX=ptx, num_warps=1)
+    if kv_quant == "fp8":
+        want = codes.view(torch.float8_e4m3fn).float() / 256
+        finite = (codes & 0x7F) != 0x7F
+        assert torch.equal(out.float()[finite], want[finite])
+    else:
+        assert torch.equal(out.float(), codes.view(torch.int8).float() / 128)
