@@ -60,7 +60,9 @@ PARAMS = {
         "programs_per_cu": 2,
         "max_splits": 128,
         "min_split_tokens": 64,
-        "kv16": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        # kv16 BLOCK_N 32: the first H200 sweep's pick; the second sweep's 64 was within 1% on its geomean
+        # but 15% slower at batch 64 (bench/results/2026-11-30-nvidia-h200-decode-attention*.md, 2 splits in both)
+        "kv16": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "early_convert": 1},
     },
     "gfx936": dict(_DCU),
