@@ -418,10 +418,7 @@ def pack_wheel(base_wheel: Path, tree_pkg_root: Path, version: str, out_dir: Pat
     new_dist_info = f"{name}-{version}.dist-info"
     with open_wheel(base_wheel) as src:
         src_infos = src.infolist()
-        wheel_tag_line = [l for l in src.read(f"{base_dist_info}/WHEEL").decode().splitlines()
-                          if l.startswith("Tag:")]
-        tags = wheel_tag_line[0].split(":", 1)[1].strip() if wheel_tag_line else "py3-none-any"
-        plat = base_wheel.name[:-4].split("-")[-3:]
+        plat = base_wheel.name[:-4].split("-")[-3:]  # python, abi and platform tags stay the base's
         out_name = f"{name}-{version}-{'-'.join(plat)}.whl"
         out_dir.mkdir(parents=True, exist_ok=True)
         final = out_dir / out_name
@@ -489,7 +486,6 @@ def pack_wheel(base_wheel: Path, tree_pkg_root: Path, version: str, out_dir: Pat
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
-    _ = tags
     return final
 
 
