@@ -52,7 +52,7 @@ from bench.bench_client import MARK  # noqa: E402
 from bench.synth_tokenizer import write_tokenizer  # noqa: E402
 
 PROTOCOLS = ("contest", "load")
-MODES = ("graph", "eager")
+MODES = ("graph", "decode-graph", "eager")
 SERVED_NAME = "Qwen3.5-27B"
 MAX_MODEL_LEN = 32768
 LOAD_CONCURRENCY = 16
@@ -152,17 +152,23 @@ def harness_serve_args(harness, mode: str, capture_sizes: list[int] | None = Non
     """The harness's serve flags; eager mode adds --enforce-eager unless the harness takes `eager=`."""
     fn = harness.serve_args
     kw = {}
+    cc = {}
     if capture_sizes:
+        cc["cudagraph_capture_sizes"] = capture_sizes
+    if mode == "decode-graph":  # no torch.compile (fast starts), full CUDA graphs for decode batches
+        cc.update({"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})
+    if cc:
         if not _accepts(fn, "compilation_config"):
-            raise BenchError("--capture-sizes needs a harness serve_args() that takes compilation_config")
-        kw["compilation_config"] = {"cudagraph_capture_sizes": capture_sizes}
+            raise BenchError("--capture-sizes and --mode decode-graph need a harness serve_args() that takes "
+                             "compilation_config")
+        kw["compilation_config"] = cc
     if _accepts(fn, "eager"):
         args = list(fn(eager=(mode == "eager"), **kw))
     else:
         args = list(fn(**kw))
         if mode == "eager" and "--enforce-eager" not in args:
             args.append("--enforce-eager")
-    if mode == "graph" and "--enforce-eager" in args:
+    if mode in ("graph", "decode-graph") and "--enforce-eager" in args:
         raise BenchError("harness serve_args() forces --enforce-eager; use --mode eager")
     return args
 
@@ -285,7 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="load-protocol request rate: auto (0.6 of the baseline's capacity at concurrency 1), "
                          "a number, or tier=rate pairs")
     ap.add_argument("--output-len", type=int, default=250)
-    ap.add_argument("--mode", default="graph", help="graph (CUDA graphs + torch.compile, as the contest) or eager")
+    ap.add_argument("--mode", default="graph", help="graph (CUDA graphs + torch.compile, as the contest), decode-graph (no "
+                         "torch.compile, full CUDA graphs for decode: starts in about a minute, decode kernels as "
+                         "under graphs; eager prefill) or eager")
     ap.add_argument("--step", default="1/1", help="K/N: run the K-th of N shares of the non-baseline builds")
     ap.add_argument("--no-repeat-baseline", action="store_true", help="run the baseline once, not first and last")
     ap.add_argument("--variant-flags", action="append", default=[], metavar="NAME=FLAGS",
@@ -764,7 +772,9 @@ def run(a, clock: Clock) -> int:
         + ([f"CUDA-graph capture sizes {a.capture_sizes} (vLLM's default, as in the contest, captures up to "
             "256; larger batches run piecewise either way)"] if a.capture_list else [])
         + (["--mode eager: no torch.compile and no CUDA graphs (the contest runs with both)"]
-           if a.mode == "eager" else []),
+           if a.mode == "eager" else [])
+        + (["--mode decode-graph: no torch.compile (prefill runs eager), full CUDA graphs for decode batches "
+            "(the contest compiles and captures piecewise graphs for prefill too)"] if a.mode == "decode-graph" else []),
         "profile_detail": ({"kv_cache_memory_bytes": profiles.dcu64_kv_bytes(a.layers, a.kv_gib),
                             **profiles.dcu64_breakdown()} if a.profile == "dcu64"
                            else {"gpu_memory_utilization": 0.95}),

@@ -31,7 +31,7 @@ def drive(*args, tmp_path, env_extra=None):
     (["--step", "3/2"], "--step must be K/N with 1 <= K <= N, got '3/2'"),
     (["--step", "1/5"], "--step 1/5: only 3 non-baseline build(s) to split"),
     (["--requests", "0"], "--requests and --load-requests must be in [1, 64]"),
-    (["--mode", "fast"], "unknown --mode fast; supported: graph, eager"),
+    (["--mode", "fast"], "unknown --mode fast; supported: graph, decode-graph, eager"),
     (["--kv-gib", "7"], "--kv-gib applies to --profile dcu64 only"),
     (["--load-rate", "4-8K=x"], "--load-rate must be 'auto', a number or tier=rate pairs"),
     (["--variant-flags", "full"], "--variant-flags needs NAME=FLAGS, got 'full'"),
@@ -113,6 +113,15 @@ def test_eager_mode_and_capture_sizes_reach_the_harness_flags(tmp_path):
     assert server.endswith("""--compilation-config '{"cudagraph_capture_sizes": [1, 2, 4, 16]}' --enforce-eager""")
     p = drive("--dry-run", "--capture-sizes", "1,x", tmp_path=tmp_path)
     assert p.returncode == 2 and "--capture-sizes must be a comma list of integers" in p.stderr
+
+
+def test_decode_graph_mode_skips_compile_and_captures_full_decode_graphs(tmp_path):
+    p = drive("--dry-run", "--mode", "decode-graph", "--capture-sizes", "1,2", tmp_path=tmp_path)
+    assert p.returncode == 0, p.stderr
+    server = next(line for line in p.stdout.splitlines() if line.startswith("server baseline: "))
+    assert server.endswith("""--compilation-config '{"cudagraph_capture_sizes": [1, 2], "mode": 0, """
+                           """"cudagraph_mode": "FULL_DECODE_ONLY"}'""")
+    assert "--enforce-eager" not in server
 
 
 def test_dcu64_profile_enforces_the_scaled_kv_budget(tmp_path):
