@@ -185,6 +185,16 @@ def test_upto_and_without_select_patches(built, tmp_path):
         assert [x["name"] for x in wheel_patchset(next(out2.glob("*.whl")))["patches"]] == names[1:]
 
 
+def test_every_patch_applies_alone_on_the_base(built):
+    """Ablation promise: any subset builds, so each patch must apply on the bare base too."""
+    repo, _, _ = built
+    names = series_names(repo)
+    for n in names:
+        others = ",".join(x[:4] for x in names if x != n)
+        p = build(repo, "--check", *(["--without", others] if others else []))
+        assert p.returncode == 0 and f"check   {n}: applies" in p.stdout, p.stdout + p.stderr
+
+
 def test_check_and_list_report_every_patch(built):
     repo, _, _ = built
     p = build(repo, "--check")
