@@ -281,10 +281,15 @@ def unpack(wheel: Path, tree: Path) -> None:
             if i.filename.startswith("/") or ".." in Path(i.filename).parts:
                 raise BuildError(f"{wheel.name} has an unsafe member path {i.filename}")
             zf.extract(i, tree)
+    commit_base(tree, f"base: {wheel.name}\n\nsha256 {sha256_file(wheel)}")
+
+
+def commit_base(tree: Path, message: str) -> None:
+    """Make `tree` a git repository whose first commit, tagged dcu-base, is the unpatched base."""
     git(tree, "init", "-q")
     (tree / ".git" / "info" / "exclude").write_text("*.so\n__pycache__/\n")
     git(tree, "add", "-A")
-    git(tree, "commit", "-q", "-m", f"base: {wheel.name}\n\nsha256 {sha256_file(wheel)}")
+    git(tree, "commit", "-q", "-m", message)
     git(tree, "tag", "dcu-base")
 
 
@@ -321,7 +326,7 @@ def apply_patch(tree: Path, patch: Patch) -> None:
         f"{patch.subject}\n\nPatch-Name: {patch.name}\nPatch-Sha256: {patch.sha256}")
 
 
-def install_kernels(tree: Path, repo: Path, pkg_root: Path) -> str:
+def install_kernels(repo: Path, pkg_root: Path) -> str:
     src = repo / "kernels"
     if not (src / "__init__.py").is_file():
         raise BuildError("kernels/__init__.py is missing")
@@ -387,6 +392,24 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def _write_member(dst: zipfile.ZipFile, rel: str, data: bytes | str, records: list | None = None) -> None:
+    """Deflate one member with a fixed timestamp and mode 0644; add its RECORD row when `records` is given."""
+    zi = zipfile.ZipInfo(rel, (2026, 1, 1, 0, 0, 0))
+    zi.external_attr = (0o644 & 0xFFFF) << 16
+    zi.compress_type = zipfile.ZIP_DEFLATED
+    dst.writestr(zi, data)
+    if records is not None:
+        records.append((rel, _record_hash(data), str(len(data))))
+
+
+def _record_text(rows: list, record_name: str) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerows(rows)
+    w.writerow((record_name, "", ""))
+    return buf.getvalue()
+
+
 def _copy_raw_entry(src: zipfile.ZipFile, src_fp, info: zipfile.ZipInfo, dst: zipfile.ZipFile) -> None:
     """Copy one member's local header + compressed bytes verbatim (the .so files: no recompression)."""
     src_fp.seek(info.header_offset)
@@ -446,12 +469,7 @@ def pack_wheel(base_wheel: Path, tree_pkg_root: Path, version: str, out_dir: Pat
                     rel = f.relative_to(tree_pkg_root).as_posix()
                     if rel.startswith(base_dist_info + "/"):
                         continue
-                    data = f.read_bytes()
-                    zi = zipfile.ZipInfo(rel, (2026, 1, 1, 0, 0, 0))
-                    zi.external_attr = (0o644 & 0xFFFF) << 16
-                    zi.compress_type = zipfile.ZIP_DEFLATED
-                    dst.writestr(zi, data)
-                    records.append((rel, _record_hash(data), str(len(data))))
+                    _write_member(dst, rel, f.read_bytes(), records)
                 # dist-info: metadata with the new version, everything else as in the base
                 for info in src_infos:
                     if not info.filename.startswith(base_dist_info + "/") or info.is_dir():
@@ -463,21 +481,8 @@ def pack_wheel(base_wheel: Path, tree_pkg_root: Path, version: str, out_dir: Pat
                     if leaf == "METADATA":
                         data = re.sub(rb"^Version: .*$", f"Version: {version}".encode(), data, count=1,
                                       flags=re.M)
-                    rel = f"{new_dist_info}/{leaf}"
-                    zi = zipfile.ZipInfo(rel, (2026, 1, 1, 0, 0, 0))
-                    zi.external_attr = (0o644 & 0xFFFF) << 16
-                    zi.compress_type = zipfile.ZIP_DEFLATED
-                    dst.writestr(zi, data)
-                    records.append((rel, _record_hash(data), str(len(data))))
-                buf = io.StringIO()
-                w = csv.writer(buf, lineterminator="\n")
-                for r in records:
-                    w.writerow(r)
-                w.writerow((f"{new_dist_info}/RECORD", "", ""))
-                zi = zipfile.ZipInfo(f"{new_dist_info}/RECORD", (2026, 1, 1, 0, 0, 0))
-                zi.external_attr = (0o644 & 0xFFFF) << 16
-                zi.compress_type = zipfile.ZIP_DEFLATED
-                dst.writestr(zi, buf.getvalue())
+                    _write_member(dst, f"{new_dist_info}/{leaf}", data, records)
+                _write_member(dst, f"{new_dist_info}/RECORD", _record_text(records, f"{new_dist_info}/RECORD"))
             with zipfile.ZipFile(tmp) as check:
                 bad = check.testzip()
                 if bad:
@@ -518,13 +523,8 @@ def add_files_to_wheel(wheel: Path, files: dict[str, bytes], final: Path) -> Non
                     if info.filename != record_name and info.filename not in files:
                         _copy_raw_entry(src, src_fp, info, dst)
                 for rel, data in files.items():
-                    dst.writestr(rel, data)
-                    rows.append([rel, _record_hash(data), str(len(data))])
-                buf = io.StringIO()
-                w = csv.writer(buf, lineterminator="\n")
-                w.writerows(rows)
-                w.writerow([record_name, "", ""])
-                dst.writestr(record_name, buf.getvalue())
+                    _write_member(dst, rel, data, rows)
+                _write_member(dst, record_name, _record_text(rows, record_name))
             os.chmod(tmp, 0o644)
             os.replace(tmp, final)
         finally:
@@ -573,13 +573,19 @@ def prepare_tree(repo: Path, base: Base, patches: list[Patch], tree: Path, quiet
             log(f"apply   {p.name}")
 
 
+def install_and_record(repo: Path, tree: Path, base_name: str, base_sha: str, base_version: str,
+                       patches: list[Patch]) -> str:
+    """Install kernels/ into the tree and write vllm/dcu_patchset.json; return the build's version."""
+    kernels_sha = install_kernels(repo, tree)
+    log(f"kernels kernels/ -> vllm/dcu_kernels (sha256 {kernels_sha[:12]})")
+    version = make_version(base_version, patches, kernels_sha)
+    write_patchset_json(tree, patchset_record(base_name, base_sha, base_version, version, patches, kernels_sha))
+    return version
+
+
 def build_wheel(repo: Path, base: Base, patches: list[Patch], out_dir: Path, tree: Path) -> Path:
     prepare_tree(repo, base, patches, tree)
-    kernels_sha = install_kernels(tree, repo, tree)
-    log(f"kernels kernels/ -> vllm/dcu_kernels (sha256 {kernels_sha[:12]})")
-    version = make_version(base.version, patches, kernels_sha)
-    record = patchset_record(base.wheel.name, base.sha256, base.version, version, patches, kernels_sha)
-    write_patchset_json(tree, record)
+    version = install_and_record(repo, tree, base.wheel.name, base.sha256, base.version, patches)
     stamp_version_file(tree, version)
     log(f"stamp   version {version}, vllm/dcu_patchset.json ({len(patches)} patches)")
     wheel = pack_wheel(base.wheel, tree, version, out_dir, base.dist_info)
@@ -661,15 +667,10 @@ def build_source(repo: Path, src: Path, patches: list[Patch], out_dir: Path, wor
         shutil.rmtree(work)
     shutil.copytree(src, work, ignore=shutil.ignore_patterns(".git", "build", "dist", "__pycache__", "*.so"))
     log(f"copy    {src} -> {work.relative_to(repo) if work.is_relative_to(repo) else work}")
-    git(work, "init", "-q")
-    git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", f"base: source checkout {src}")
-    git(work, "tag", "dcu-base")
+    commit_base(work, f"base: source checkout {src}")
     for p in patches:
         apply_patch(work, p)
         log(f"apply   {p.name}")
-    kernels_sha = install_kernels(work, repo, work)
-    log(f"kernels kernels/ -> vllm/dcu_kernels (sha256 {kernels_sha[:12]})")
     base_version = os.environ.get("VLLM_DCU_SOURCE_VERSION")
     if not base_version:
         pkg_info = work / "PKG-INFO"
@@ -678,10 +679,8 @@ def build_source(repo: Path, src: Path, patches: list[Patch], out_dir: Path, wor
             raise BuildError("cannot tell the source checkout's version: set VLLM_DCU_SOURCE_VERSION "
                              "(e.g. 0.18.1+das.dtk2604 for vllm_cscc)")
         base_version = m.group(1)
-    version = make_version(base_version, patches, kernels_sha)
-    record = patchset_record(f"source:{src.name}", git(work, "rev-parse", "dcu-base").stdout.strip(),
-                             base_version, version, patches, kernels_sha)
-    write_patchset_json(work, record)
+    version = install_and_record(repo, work, f"source:{src.name}", git(work, "rev-parse", "dcu-base").stdout.strip(),
+                                 base_version, patches)
     env = dict(os.environ, VLLM_VERSION_OVERRIDE=version)
     log(f"build   pip wheel --no-build-isolation (VLLM_TARGET_DEVICE={env.get('VLLM_TARGET_DEVICE', 'auto')}, "
         f"version {version})")
@@ -760,10 +759,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.tree:
             prepare_tree(repo, base, chosen, tree)
-            kernels_sha = install_kernels(tree, repo, tree)
-            version = make_version(base.version, chosen, kernels_sha)
-            write_patchset_json(tree, patchset_record(base.wheel.name, base.sha256, base.version, version, chosen,
-                                                      kernels_sha))
+            version = install_and_record(repo, tree, base.wheel.name, base.sha256, base.version, chosen)
             log(f"tree    {tree} ready ({len(chosen)} patches + kernels, version {version}; not stamped)")
             return 0
         if args.ablation:
