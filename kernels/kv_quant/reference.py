@@ -27,7 +27,9 @@ def quantize_per_token_head(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, t
     qmax = QMAX[kind]
     xf = x.float()
     absmax = xf.abs().amax(dim=-1)
-    scale = absmax / qmax
+    # a tensor divisor: torch on CUDA turns division by a Python scalar into a multiply by its reciprocal,
+    # which is not correctly rounded and would differ from the kernel's div_rn in the last bit
+    scale = absmax / torch.full_like(absmax, qmax)
     scale = torch.where(scale < MIN_NORMAL_F32, torch.zeros_like(scale), scale)
     nonzero = scale > 0
     y = xf / torch.where(nonzero, scale, torch.ones_like(scale)).unsqueeze(-1)
@@ -120,8 +122,8 @@ def attention_reference(
     qd = q.to(dtype).reshape(tq, hkv, group, d)
     s = torch.einsum("qhgd,khd->hgqk", qd, k.to(dtype)) * softmax_scale
     if causal:
-        pos_q = torch.arange(tk - tq, tk).view(tq, 1)
-        s = s.masked_fill(torch.arange(tk).view(1, tk) > pos_q, float("-inf"))
+        pos_q = torch.arange(tk - tq, tk, device=s.device).view(tq, 1)
+        s = s.masked_fill(torch.arange(tk, device=s.device).view(1, tk) > pos_q, float("-inf"))
     p = torch.softmax(s, dim=-1)
     o = torch.einsum("hgqk,khd->qhgd", p, v.to(dtype))
     return o.reshape(tq, hq, d)
@@ -130,7 +132,7 @@ def attention_reference(
 def gather_sequence(cache_view: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Tokens ``[0, seq_len)`` of one sequence from a ``[num_blocks, block_size, ...]`` view."""
     block_size = cache_view.shape[1]
-    pos = torch.arange(seq_len)
+    pos = torch.arange(seq_len, device=block_table_row.device)
     return cache_view[block_table_row[pos // block_size].long(), pos % block_size]
 
 
@@ -150,7 +152,7 @@ def paged_attention_reference(
     """
     head_size = query.shape[-1]
     k_codes, v_codes, k_scales, v_scales = split_kv_cache(kv_cache, head_size)
-    out = torch.zeros(query.shape, dtype=torch.float64)
+    out = torch.zeros(query.shape, dtype=torch.float64, device=query.device)
     for i in range(seq_lens.shape[0]):
         q0, q1, n = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
         if q1 == q0:
@@ -164,5 +166,5 @@ def paged_attention_reference(
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     """``||got - want|| / ||want||`` in float64."""
-    got, want = got.double(), want.double()
+    got, want = got.double(), want.double().to(got.device)
     return ((got - want).norm() / want.norm()).item()

@@ -79,6 +79,16 @@ def _case(t, nb, bs, seed, scale_k=2.0, scale_v=0.05):
     return key, value, slots
 
 
+def _diff(got, want):
+    """Where two caches differ: byte counts in the code and scale regions, worst scale ratio."""
+    gk, _, gs, _ = split_kv_cache(got, D)
+    wk, _, ws, _ = split_kv_cache(want, D)
+    codes = int((gk != wk).sum())
+    scales = int((gs != ws).sum())
+    ratio = float((gs / ws.where(ws != 0, torch.ones_like(ws))).sub(1).abs().max()) if scales else 0.0
+    return f"{int((got != want).sum())} bytes differ: K codes {codes}, K scales {scales} (worst rel {ratio:.3g})"
+
+
 @pytest.mark.parametrize("kind", ["fp8", "int8"])
 def test_write_kernel_matches_torch_reference_bit_exact(kind, record):
     nb, bs = 12, 784
@@ -89,7 +99,7 @@ def test_write_kernel_matches_torch_reference_bit_exact(kind, record):
     for software in paths:
         got = torch.full_like(want, 0x5A)
         reshape_and_cache_per_token_head(key, value, *split_kv_cache(got, D), slots, kind, software_fp8=software)
-        assert torch.equal(got, want), f"software_fp8={software}"
+        assert torch.equal(got, want), f"software_fp8={software}: {_diff(got, want)}"
     record(tokens=key.shape[0], paths=len(paths))
 
 
@@ -136,4 +146,4 @@ def test_write_kernel_replays_in_cuda_graph_with_new_slots(kind):
         graph.replay()
         want = torch.zeros_like(cache)
         reshape_and_cache_reference(key, value, want, slots, kind)
-        assert torch.equal(cache, want)
+        assert torch.equal(cache, want), _diff(cache, want)
