@@ -110,7 +110,10 @@ def experiment(out_json: str) -> None:
     llm.generate([{"prompt_token_ids": [1000 + i for i in range(n)]} for n in (3000, 9000, 17000)],
                  SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
 
+    # Both runs replay the same token ids, so each must start from an empty prefix cache: otherwise the second
+    # run hits the first one's cached blocks, skips most of its prefill and looks far faster than it is.
     items = workload()
+    assert llm.reset_prefix_cache(), "prefix cache not reset before the 'off' run"
     off = drive(llm, items, "off")
     target = round(2.5 * off["itl_ms"]["p50"], 1)
     sched.tpot_budget = budget = TpotBudget(sched, target)
@@ -124,6 +127,7 @@ def experiment(out_json: str) -> None:
         return cap
 
     budget.begin_step = spy
+    assert llm.reset_prefix_cache(), "prefix cache not reset before the 'on' run"
     on = drive(llm, items, "on")
     record = {"gpu": torch.cuda.get_device_name(0), "layers": LAYERS,
               "async_scheduling": bool(sched.scheduler_config.async_scheduling), "option_built": built,
