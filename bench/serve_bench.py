@@ -59,6 +59,11 @@ LOAD_CONCURRENCY = 16
 # Fallback load rates (requests/s) at 16 layers when no contest result of the baseline
 # is there to size them; scaled by 16/layers.
 LOAD_RATE_TABLE = {"4-8K": 4.0, "8-16K": 1.8, "16-32K": 0.6}
+# The dcu64 profile caps the KV cache (about four 16-32K requests fit at once), so capacity is far lower than
+# the h200 numbers above: the bf16 baseline (16 layers, H200, 2026-11-30 load run) completed ~0.15 req/s at
+# 16-32K when offered 0.6 req/s. Upper bounds for auto rates under dcu64 (16-32K measured, the shorter tiers
+# scaled by how many more requests fit: estimates), scaled by 16/layers.
+LOAD_RATE_CAP_DCU64 = {"4-8K": 0.4, "8-16K": 0.2, "16-32K": 0.1}
 LOAD_UTILIZATION = 0.6
 
 # The official start_vllm.sh, minus what the benchmark host decides (model path, port).
@@ -288,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--requests", type=int, default=10, help="contest requests per tier (official sets: 50)")
     ap.add_argument("--load-requests", type=int, default=32, help="load-protocol requests per tier")
     ap.add_argument("--load-rate", default="auto",
-                    help="load-protocol request rate: auto (0.6 of the baseline's capacity at concurrency 1), "
+                    help="load-protocol request rate: auto (0.6 of the baseline's capacity at concurrency 1, capped under dcu64), "
                          "a number, or tier=rate pairs")
     ap.add_argument("--output-len", type=int, default=250)
     ap.add_argument("--mode", default="graph", help="graph (CUDA graphs + torch.compile, as the contest), decode-graph (no "
@@ -398,17 +403,34 @@ def bench_cmd(a, protocol: str, tier: str, port: int, dataset: str, result_dir: 
     return cmd
 
 
-def auto_load_rate(contest_bench: dict | None, tier: str, layers: int) -> float:
+def auto_load_rate(contest_bench: dict | None, tier: str, layers: int, profile: str = "h200") -> float:
     """0.6 x the baseline's capacity estimated from its concurrency-1 run of the tier.
 
     Capacity is bounded by prefill (one request's TTFT of GPU time each) and by the
-    concurrency cap (16 requests in flight, each for about its concurrency-1 E2E latency).
+    concurrency cap (16 requests in flight, each for about its concurrency-1 E2E latency);
+    under the dcu64 profile also by LOAD_RATE_CAP_DCU64 (the KV cache, not compute, limits it).
     """
     if contest_bench and contest_bench.get("mean_ttft_ms") and contest_bench.get("mean_e2el_ms"):
         by_prefill = 1000.0 / contest_bench["mean_ttft_ms"]
         by_cap = LOAD_CONCURRENCY * 1000.0 / contest_bench["mean_e2el_ms"]
-        return LOAD_UTILIZATION * min(by_prefill, by_cap)
-    return LOAD_RATE_TABLE[tier] * 16 / layers
+        rate = LOAD_UTILIZATION * min(by_prefill, by_cap)
+    else:
+        rate = LOAD_RATE_TABLE[tier] * 16 / layers
+    if profile == "dcu64":
+        rate = min(rate, LOAD_RATE_CAP_DCU64[tier] * 16 / layers)
+    return rate
+
+
+def server_estimate(spent: list[float]) -> float | None:
+    """Seconds the next build (start + every tier) is expected to take, from the builds run so far (in order).
+
+    The first build of a fresh machine pays the Triton JIT and compile caches for everyone after it (its start
+    and first warm-ups took 2-3x a warm build's time on the H200), so alone it counts at half; once a later
+    build has run, the largest of the later ones is the estimate.
+    """
+    if not spent:
+        return None
+    return max(spent[1:]) if len(spent) > 1 else 0.5 * spent[0]
 
 
 # ----------------------------------------------------------------------------- running
@@ -743,7 +765,7 @@ def run(a, clock: Clock) -> int:
             print(f"server {v}: " + shlex.join(server_cmd(a, model_dir, 8001, harness_flags, flags_for(a, v))))
         for proto in a.protocol_list:
             for tier in a.tier_list:
-                rate = (a.load_rates or {}).get(tier) or LOAD_RATE_TABLE[tier] * 16 / a.layers
+                rate = (a.load_rates or {}).get(tier) or auto_load_rate(None, tier, a.layers, a.profile)
                 print(f"bench {proto} {tier}: vllm bench serve " + shlex.join(bench_cmd(
                     a, proto, tier, 8001, os.path.join(prompt_dir, f"{tier}_throughput.jsonl"),
                     raw_dir, "RESULT.json", rate if proto == "load" else None, {"variant": "VARIANT"})))
@@ -792,12 +814,13 @@ def run(a, clock: Clock) -> int:
     client.spawn()
     try:
         load_rates = dict(a.load_rates or {})
-        est_server_s = None
+        spent_by_server: list[float] = []
         last_bench_s = 0.0
         for i, item in enumerate(plan):
             name, rep = item["variant"], item["repeat"]
             label = f"{name}{' (again)' if rep else ''}"
             remaining = a.deadline_s - clock.elapsed()
+            est_server_s = server_estimate(spent_by_server)
             if est_server_s is not None and est_server_s > remaining:
                 clock.log(f"skip {label}: needs ~{est_server_s:.0f} s, {remaining:.0f} s left before the deadline")
                 results.skip(label, f"deadline: ~{est_server_s:.0f} s needed, {remaining:.0f} s left")
@@ -821,7 +844,7 @@ def run(a, clock: Clock) -> int:
                             contest = next((r["bench"] for r in results.doc["runs"] if r["variant"] == baseline
                                             and r["protocol"] == "contest" and r["tier"] == tier
                                             and r.get("bench")), None)
-                            load_rates[tier] = round(auto_load_rate(contest, tier, a.layers), 3)
+                            load_rates[tier] = round(auto_load_rate(contest, tier, a.layers, a.profile), 3)
                             results.doc["load"]["rates_used"] = load_rates
                         rate = load_rates.get(tier) if proto == "load" else None
                         fname = f"{i:02d}-{name}-{rep}-{proto}-{tier}.json"
@@ -877,8 +900,7 @@ def run(a, clock: Clock) -> int:
                 kv = (f"; KV cache {info['kv_cache_gib']} GiB, {int(info.get('kv_cache_tokens', 0))} tokens"
                       if "kv_cache_gib" in info else "")
                 clock.log(f"stopped {label}{kv}")
-            spent = time.monotonic() - t_server
-            est_server_s = spent if est_server_s is None else max(est_server_s, spent)
+            spent_by_server.append(time.monotonic() - t_server)
     finally:
         client.close()
     results.doc["elapsed_s"] = round(clock.elapsed(), 1)

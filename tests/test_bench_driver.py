@@ -282,3 +282,24 @@ def test_report_records_the_exact_command_and_prints_the_tables_last(tmp_path):
                      "--variants full --tiers 4-8K --requests 2 --what cmd --no-repeat-baseline`")
     assert p.stdout.rstrip().endswith("|")  # a table row is the last thing printed
     assert "## Setup" not in p.stdout
+
+
+def test_first_build_counts_at_half_in_the_deadline_estimate():
+    from bench import serve_bench
+
+    # the first build pays the cold JIT: it must not make a warm second build look unaffordable
+    assert serve_bench.server_estimate([]) is None
+    assert serve_bench.server_estimate([380.0]) == 190.0
+    assert serve_bench.server_estimate([380.0, 120.0]) == 120.0
+    assert serve_bench.server_estimate([380.0, 120.0, 150.0, 100.0]) == 150.0
+
+
+def test_auto_load_rate_is_capped_by_kv_capacity_under_dcu64():
+    from bench import serve_bench
+
+    conc1 = {"mean_ttft_ms": 1400.0, "mean_e2el_ms": 2900.0}  # a 16-32K concurrency-1 run, 16 layers
+    h200 = serve_bench.auto_load_rate(conc1, "16-32K", 16, "h200")
+    assert h200 == pytest.approx(0.6 / 1.4)
+    assert serve_bench.auto_load_rate(conc1, "16-32K", 16, "dcu64") == pytest.approx(0.1)
+    assert serve_bench.auto_load_rate(None, "16-32K", 64, "dcu64") == pytest.approx(0.025)
+    assert serve_bench.auto_load_rate(None, "4-8K", 16, "h200") == 4.0
