@@ -141,8 +141,9 @@ def main() -> int:
         pass
     cmd = "bash ci/gpu/run.sh python bench/e2e_offline.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     stem = f"{datetime.date.today().isoformat()}-{gpu.lower().replace('nvidia ', '').replace(' ', '-')}-e2e-offline"
-    (out / f"{stem}.json").write_text(json.dumps(dict(command=cmd, gpu=gpu, layers=args.layers,
-                                                      out_tokens=args.out_tokens, results=results), indent=1))
+    results_io = _load("results_io", REPO / "kernels" / "results_io.py")
+    results_io.write_text(out / f"{stem}.json", json.dumps(dict(command=cmd, gpu=gpu, layers=args.layers,
+                                                                out_tokens=args.out_tokens, results=results), indent=1))
     base = results[0] if not results[0].get("failed") else None
     lines = [f"# Concurrency-1 end to end, offline engine: {gpu}", "", f"Command: `{cmd}`", "",
              f"{args.layers} layers (dummy Qwen3.5-27B shapes), compilation mode NONE + full CUDA graphs for decode, "
@@ -160,7 +161,7 @@ def main() -> int:
             lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | {row['input']} | {row['ttft_ms']} | "
                          f"{row['tpot_ms']} | {rt} | {rp} |")
     md = "\n".join(lines) + "\n"
-    (out / f"{stem}.md").write_text(md)
+    results_io.write_text(out / f"{stem}.md", md)
     print(md, flush=True)
     return 0 if all(not r.get("failed") for r in results) else 1
 

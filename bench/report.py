@@ -24,6 +24,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.score import TIER_MAX, percentile, score_terms  # noqa: E402
+from kernels.results_io import save_figure, write_text  # noqa: E402
 
 TIERS = list(TIER_MAX)
 METRICS = [  # (key in run["bench"], column title, format)
@@ -312,7 +313,7 @@ def render_plot(docs: list[dict], path: str) -> str | None:
                 ax.legend(fontsize=7)
     fig.suptitle(docs[0].get("stem", ""), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -322,8 +323,7 @@ def write_report(paths: list[str], out_stem: str | None = None, report_cmd: str 
     out_stem = out_stem or os.path.splitext(paths[0])[0]
     md = render_markdown(docs, report_cmd)
     md_path = out_stem + ".md"
-    with open(md_path, "w") as f:
-        f.write(md + "\n")
+    write_text(md_path, md + "\n")
     png = render_plot(docs, out_stem + ".png")
     return md_path, png
 

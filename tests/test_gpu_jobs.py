@@ -90,3 +90,24 @@ def test_deadline_stops_a_job_and_skips_the_rest_of_its_lane(tmp_path, monkeypat
 def test_committed_plans_parse(plan):
     parsed = jobs.parse_plan(plan.read_text())
     assert parsed[0].name == "prepare" and len(parsed[0].gpus) >= 1
+
+
+def test_results_io_writes_whole_files_or_nothing(tmp_path):
+    from kernels import results_io
+
+    target = tmp_path / "sub" / "r.md"
+    results_io.write_text(target, "one\n")
+    assert target.read_text() == "one\n"
+
+    class Boom(Exception):
+        pass
+
+    class Fig:
+        def savefig(self, path, format, **kw):
+            with open(path, "w") as f:
+                f.write("half")
+            raise Boom()
+
+    with pytest.raises(Boom):
+        results_io.save_figure(Fig(), tmp_path / "sub" / "p.png", dpi=100)
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["r.md"]  # no temp file, no half figure

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -39,6 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DEFAULT_DEPS = HERE / "dependency-wheels.txt"
+sys.path.insert(0, str(REPO / "tools"))
+from vllm_dcu_build import sha256_file as sha256  # noqa: E402  (one file hash for the build and the bundle)
 DEFAULT_CACHE = Path(os.environ.get("VLLM_DCU_WHEEL_CACHE",
                                     Path.home() / ".cache" / "vllm-dcu" / "gpu-wheels"))
 MAX_MIB = 60.0
@@ -170,14 +171,6 @@ def pack_variant(wheel: dict, dest: Path) -> dict:
     return {"wheel": wheel["filename"], "version": wheel["version"], "tarball": f"variants/{dest.name}",
             "bytes": dest.stat().st_size, "sha256": sha256(dest), "files": kept,
             "excluded_files": excluded, "compiled_ops": ops}
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ deps

@@ -42,6 +42,7 @@ import triton  # noqa: E402
 from ..kv_quant.layout import kv_cache_shape, split_kv_cache  # noqa: E402
 from . import launch_params  # noqa: E402
 from .decode_attention import decode_attention, workspace_numel  # noqa: E402
+from ..results_io import save_figure, write_text  # noqa: E402
 
 HQ, HKV, D = 24, 4, 256
 BATCHES = (1, 4, 16, 64)
@@ -303,7 +304,7 @@ def plot(rows, copy_gbps, path):
     axes[-1].legend(fontsize=7)
     fig.suptitle("decode attention, Qwen3.5-27B (24/4 heads x 256): achieved bandwidth vs the copy roof")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def markdown(meta, rows):
@@ -406,14 +407,12 @@ def main(argv=None):
                 (" --quick" if args.quick else "") + (f" --tag {args.tag}" if args.tag else ""),
                 seconds=round(time.time() - t_start),
                 suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))
-    with open(base + ".json", "w") as f:
-        json.dump(dict(meta=meta, rows=rows, sweep=sweep_rows), f, indent=1)
+    write_text(base + ".json", json.dumps(dict(meta=meta, rows=rows, sweep=sweep_rows), indent=1))
     md = markdown(meta, rows)
     if not args.quick:
         md += f"\nSuggested `launch_params.PARAMS[{target!r}]` (from the sweep):\n\n```\n" \
               f"{json.dumps(meta['suggested_launch_params_entry'])}\n```\n"
-    with open(base + ".md", "w") as f:
-        f.write(md)
+    write_text(base + ".md", md)
     try:
         plot(rows, copy_gbps, base + ".png")
     except ImportError as e:

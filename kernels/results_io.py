@@ -1,0 +1,39 @@
+"""Results files are written whole or not at all: a temporary name in the same folder, then a rename.
+
+Benchmarks are stopped at device-call deadlines; a half-written JSON or report beside the good ones would be
+read as a result. Standard library only (matplotlib only if a figure is passed in).
+"""
+import os
+import tempfile
+
+
+def _write_via_temp(path, write):
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``; no temp file stays."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_text(path, text):
+    """Write ``text`` to ``path`` atomically (same folder temp file, then ``os.replace``)."""
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+
+    return _write_via_temp(path, write)
+
+
+def save_figure(fig, path, **savefig_kwargs):
+    """``fig.savefig`` to ``path`` atomically; the format comes from ``path``'s extension."""
+    fmt = os.path.splitext(str(path))[1].lstrip(".") or "png"
+    return _write_via_temp(path, lambda tmp: fig.savefig(tmp, format=fmt, **savefig_kwargs))
