@@ -180,8 +180,12 @@ def render_markdown(docs: list[dict], report_cmd: str | None = None) -> str:
             load = d.get("load") or {}
             rates = load.get("rates_used") or load.get("rates")
             rates = ", ".join(f"{t} {r:.3g}" for t, r in rates.items()) if isinstance(rates, dict) else rates
-            how = ("given" if isinstance(load.get("rates"), dict)
-                   else "0.6 of the baseline capacity estimated from its concurrency-1 run")
+            if isinstance(load.get("rates"), dict):
+                how = "given"
+            elif load.get("rates_how"):
+                how = "; ".join(f"{t}: {h}" for t, h in load["rates_how"].items())
+            else:  # results written before rates_how was recorded
+                how = "auto: 0.6 of the baseline's concurrency-1 capacity, or the fixed table without one"
             L.append(f"Concurrency {load.get('concurrency', 16)}, Poisson arrivals at {rates} req/s ({how}).")
             L.append("")
         scores = section_scores(s)

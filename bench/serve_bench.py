@@ -293,8 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--requests", type=int, default=10, help="contest requests per tier (official sets: 50)")
     ap.add_argument("--load-requests", type=int, default=32, help="load-protocol requests per tier")
     ap.add_argument("--load-rate", default="auto",
-                    help="load-protocol request rate: auto (0.6 of the baseline's capacity at concurrency 1, capped under dcu64), "
-                         "a number, or tier=rate pairs")
+                    help="load-protocol request rate: auto (0.6 of the baseline's capacity at concurrency 1, "
+                         "capped under dcu64), a number, or tier=rate pairs")
     ap.add_argument("--output-len", type=int, default=250)
     ap.add_argument("--mode", default="graph", help="graph (CUDA graphs + torch.compile, as the contest), decode-graph (no "
                          "torch.compile, full CUDA graphs for decode: starts in about a minute, decode kernels as "
@@ -403,22 +403,23 @@ def bench_cmd(a, protocol: str, tier: str, port: int, dataset: str, result_dir: 
     return cmd
 
 
-def auto_load_rate(contest_bench: dict | None, tier: str, layers: int, profile: str = "h200") -> float:
-    """0.6 x the baseline's capacity estimated from its concurrency-1 run of the tier.
+def auto_load_rate(contest_bench: dict | None, tier: str, layers: int, profile: str = "h200") -> tuple[float, str]:
+    """(rate, how it was chosen): 0.6 x the baseline's capacity estimated from its concurrency-1 run of the tier.
 
     Capacity is bounded by prefill (one request's TTFT of GPU time each) and by the
     concurrency cap (16 requests in flight, each for about its concurrency-1 E2E latency);
-    under the dcu64 profile also by LOAD_RATE_CAP_DCU64 (the KV cache, not compute, limits it).
+    without such a run, LOAD_RATE_TABLE. Under the dcu64 profile the rate is also capped by
+    LOAD_RATE_CAP_DCU64 (the KV cache, not compute, limits it).
     """
     if contest_bench and contest_bench.get("mean_ttft_ms") and contest_bench.get("mean_e2el_ms"):
         by_prefill = 1000.0 / contest_bench["mean_ttft_ms"]
         by_cap = LOAD_CONCURRENCY * 1000.0 / contest_bench["mean_e2el_ms"]
-        rate = LOAD_UTILIZATION * min(by_prefill, by_cap)
+        rate, how = LOAD_UTILIZATION * min(by_prefill, by_cap), "0.6 of the baseline's capacity from its concurrency-1 run"
     else:
-        rate = LOAD_RATE_TABLE[tier] * 16 / layers
-    if profile == "dcu64":
-        rate = min(rate, LOAD_RATE_CAP_DCU64[tier] * 16 / layers)
-    return rate
+        rate, how = LOAD_RATE_TABLE[tier] * 16 / layers, "fixed table, no concurrency-1 run of the baseline"
+    if profile == "dcu64" and LOAD_RATE_CAP_DCU64[tier] * 16 / layers < rate:
+        rate, how = LOAD_RATE_CAP_DCU64[tier] * 16 / layers, "dcu64 KV-capacity cap"
+    return rate, how
 
 
 def server_estimate(spent: list[float]) -> float | None:
@@ -765,7 +766,7 @@ def run(a, clock: Clock) -> int:
             print(f"server {v}: " + shlex.join(server_cmd(a, model_dir, 8001, harness_flags, flags_for(a, v))))
         for proto in a.protocol_list:
             for tier in a.tier_list:
-                rate = (a.load_rates or {}).get(tier) or auto_load_rate(None, tier, a.layers, a.profile)
+                rate = (a.load_rates or {}).get(tier) or auto_load_rate(None, tier, a.layers, a.profile)[0]
                 print(f"bench {proto} {tier}: vllm bench serve " + shlex.join(bench_cmd(
                     a, proto, tier, 8001, os.path.join(prompt_dir, f"{tier}_throughput.jsonl"),
                     raw_dir, "RESULT.json", rate if proto == "load" else None, {"variant": "VARIANT"})))
@@ -844,8 +845,10 @@ def run(a, clock: Clock) -> int:
                             contest = next((r["bench"] for r in results.doc["runs"] if r["variant"] == baseline
                                             and r["protocol"] == "contest" and r["tier"] == tier
                                             and r.get("bench")), None)
-                            load_rates[tier] = round(auto_load_rate(contest, tier, a.layers, a.profile), 3)
+                            rate, how = auto_load_rate(contest, tier, a.layers, a.profile)
+                            load_rates[tier] = round(rate, 3)
                             results.doc["load"]["rates_used"] = load_rates
+                            results.doc["load"].setdefault("rates_how", {})[tier] = how
                         rate = load_rates.get(tier) if proto == "load" else None
                         fname = f"{i:02d}-{name}-{rep}-{proto}-{tier}.json"
                         cmd = bench_cmd(a, proto, tier, port, prompt_info[tier]["path"], raw_dir, fname, rate,

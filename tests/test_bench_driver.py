@@ -298,8 +298,10 @@ def test_auto_load_rate_is_capped_by_kv_capacity_under_dcu64():
     from bench import serve_bench
 
     conc1 = {"mean_ttft_ms": 1400.0, "mean_e2el_ms": 2900.0}  # a 16-32K concurrency-1 run, 16 layers
-    h200 = serve_bench.auto_load_rate(conc1, "16-32K", 16, "h200")
-    assert h200 == pytest.approx(0.6 / 1.4)
-    assert serve_bench.auto_load_rate(conc1, "16-32K", 16, "dcu64") == pytest.approx(0.1)
-    assert serve_bench.auto_load_rate(None, "16-32K", 64, "dcu64") == pytest.approx(0.025)
-    assert serve_bench.auto_load_rate(None, "4-8K", 16, "h200") == 4.0
+    rate, how = serve_bench.auto_load_rate(conc1, "16-32K", 16, "h200")
+    assert rate == pytest.approx(0.6 / 1.4) and "concurrency-1" in how
+    rate, how = serve_bench.auto_load_rate(conc1, "16-32K", 16, "dcu64")
+    assert rate == pytest.approx(0.1) and how == "dcu64 KV-capacity cap"
+    assert serve_bench.auto_load_rate(None, "16-32K", 64, "dcu64")[0] == pytest.approx(0.025)
+    rate, how = serve_bench.auto_load_rate(None, "4-8K", 16, "h200")
+    assert rate == 4.0 and how.startswith("fixed table")
