@@ -37,3 +37,13 @@ def save_figure(fig, path, **savefig_kwargs):
     """``fig.savefig`` to ``path`` atomically; the format comes from ``path``'s extension."""
     fmt = os.path.splitext(str(path))[1].lstrip(".") or "png"
     return _write_via_temp(path, lambda tmp: fig.savefig(tmp, format=fmt, **savefig_kwargs))
+
+
+def write_result_pair(folder, stem, doc, markdown_lines):
+    """``<folder>/<stem>.json`` (``doc``) and ``<folder>/<stem>.md`` (the lines), each atomically; the .md path."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    write_text(folder / f"{stem}.json", json.dumps(doc, indent=1) + "\n")
+    return Path(write_text(folder / f"{stem}.md", "\n".join(markdown_lines) + "\n"))

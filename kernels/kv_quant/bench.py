@@ -10,7 +10,6 @@ and ``.md`` into ``--out`` (default ``$OUT`` or bench/results/) and prints the t
 """
 import argparse
 import datetime
-import json
 import os
 import shlex
 import sys
@@ -21,7 +20,7 @@ import triton
 
 from .cache_write import reshape_and_cache_per_token_head
 from .layout import kv_cache_shape, split_kv_cache
-from ..results_io import write_text
+from ..results_io import write_result_pair
 
 H, D = 4, 256
 BLOCK_BF16, BLOCK_PTH = 784, 1552  # the hybrid block sizes vLLM picks for Qwen3.5-27B
@@ -111,7 +110,6 @@ def write_results(rows, notes, out: Path, copy_gbps: float) -> Path:
         r["pct_copy"] = round(100 * r["GBps"] / copy_gbps, 1)
     meta = dict(command=command, gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                 copy_GBps=round(copy_gbps), shapes=f"{H} kv heads x {D}, bf16 K/V in", **notes)
-    write_text(out / f"{stem}.json", json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     lines = [f"# KV cache write, Qwen3.5-27B shapes ({gpu})", "", f"Command: `{command}`", "",
              f"torch {torch.__version__}, triton {triton.__version__}; device copy {copy_gbps:.0f} GB/s (read+write); "
              f"CUDA-graph replay, median. bf16_upstream: {notes['bf16_upstream']}.", "",
@@ -119,9 +117,7 @@ def write_results(rows, notes, out: Path, copy_gbps: float) -> Path:
     for r in rows:
         lines.append(f"| {r['tokens']} | {r['method']} | {r['us']} | {r['bytes']} | {r['GBps']} | {r['pct_copy']} | "
                      f"{r['vs_bf16']} |")
-    md = out / f"{stem}.md"
-    write_text(md, "\n".join(lines) + "\n")
-    return md
+    return write_result_pair(out, stem, dict(meta=meta, rows=rows), lines)
 
 
 def main(argv=None) -> int:

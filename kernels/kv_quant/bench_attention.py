@@ -12,7 +12,6 @@ Bytes = KV cache bytes read (codes + scales). Writes ``<date>-<gpu>-kv-decode-at
 """
 import argparse
 import datetime
-import json
 import math
 import os
 import shlex
@@ -25,7 +24,7 @@ import triton
 from .bench import copy_bandwidth_gbps
 from .cache_write import reshape_and_cache_per_token_head
 from .layout import kv_cache_shape, split_kv_cache
-from ..results_io import write_text
+from ..results_io import write_result_pair
 
 HQ, HKV, D = 24, 4, 256
 SEGMENTS = 16
@@ -146,7 +145,6 @@ def main(argv=None) -> int:
     command = "python -m kernels.kv_quant.bench_attention " + shlex.join(sys.argv[1:])
     meta = dict(command=command, gpu=gpu, torch=torch.__version__, triton=triton.__version__, copy_GBps=round(copy),
                 shapes=f"{HQ} q / {HKV} kv heads x {D}, bf16 queries, {SEGMENTS} segments")
-    write_text(out / f"{stem}.json", json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     lines = [f"# Decode attention, unified attention, Qwen3.5-27B shapes ({gpu})", "", f"Command: `{command}`", "",
              f"torch {torch.__version__}, triton {triton.__version__}; device copy {copy:.0f} GB/s; one layer, "
              "CUDA-graph replay, median. `_tiles`: K/V tiles dequantized instead of scaling S and P.", "",
@@ -155,8 +153,7 @@ def main(argv=None) -> int:
     for r in rows:
         lines.append(f"| {r['ctx']} | {r['batch']} | {r['kernel']} | {r['method']} | {r['us']} | {r['bytes']} | "
                      f"{r['GBps']} | {r['pct_copy']} | {r['vs_bf16']} |")
-    md = out / f"{stem}.md"
-    write_text(md, "\n".join(lines) + "\n")
+    md = write_result_pair(out, stem, dict(meta=meta, rows=rows), lines)
     print(md.read_text())
     return 0
 

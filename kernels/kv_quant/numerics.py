@@ -11,7 +11,6 @@ Writes ``<date>-cpu-kv-numerics.{json,md}`` into ``--out`` (default ``$OUT`` or 
 """
 import argparse
 import datetime
-import json
 import math
 import os
 import shlex
@@ -21,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .reference import attention_reference, fake_quantize, relative_error
-from ..results_io import write_text
+from ..results_io import write_result_pair
 
 NUM_Q, HQ, HKV, D = 4, 24, 4, 256
 MODES = ("fp8_per_tensor", "fp8_pth", "int8_pth")
@@ -83,7 +82,6 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}-cpu-kv-numerics"
     command = "python -m kernels.kv_quant.numerics " + shlex.join(sys.argv[1:] if argv is None else argv)
-    write_text(out / f"{stem}.json", json.dumps(dict(command=command, rows=rows), indent=1) + "\n")
     lines = [
         "# Attention-output error of 8-bit KV caches against bf16 (synthetic K/V)", "", f"Command: `{command}`", "",
         f"{HQ} q / {HKV} kv heads x {D}, {NUM_Q} queries at the end of the context, logits scaled to std 1, "
@@ -95,8 +93,7 @@ def main(argv=None) -> int:
     for r in rows:
         lines.append(f"| {r['ctx']} | {r['scenario']} | {r['fp8_per_tensor']:.4f} | {r['fp8_pth']:.4f} | "
                      f"{r['int8_pth']:.4f} | {r['fp8_pth/per_tensor']} | {r['int8_pth/fp8_pth']} |")
-    md = out / f"{stem}.md"
-    write_text(md, "\n".join(lines) + "\n")
+    md = write_result_pair(out, stem, dict(command=command, rows=rows), lines)
     print(md.read_text())
     return 0
 
