@@ -2,40 +2,23 @@
 torch reference bit-exact at Qwen3.5-27B shapes (4 kv heads x 256), no NaN/Inf for any finite bf16,
 CUDA-graph replay with changing slots.
 """
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-import triton
-import triton.language as tl
 
-from kernels.fp8_e4m3 import e4m3_bits_to_f32, f32_to_e4m3_bits
 from kernels.kv_quant import reshape_and_cache_per_token_head, split_kv_cache
 from kernels.kv_quant.layout import kv_cache_shape
 from kernels.kv_quant.reference import dequantize_per_token_head, reshape_and_cache_reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fp8_codec_kernels
+from fp8_codec_kernels import decode, encode  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
 H, D = 4, 256
-
-
-@triton.jit
-def _decode_kernel(codes_ptr, out_ptr, n, SOFTWARE: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(out_ptr + offs, e4m3_bits_to_f32(tl.load(codes_ptr + offs, mask=m, other=0), SOFTWARE), mask=m)
-
-
-@triton.jit
-def _encode_kernel(x_ptr, out_ptr, n, SOFTWARE: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(out_ptr + offs, f32_to_e4m3_bits(tl.load(x_ptr + offs, mask=m, other=0.0), SOFTWARE), mask=m)
-
-
-def _run(kernel, x, out_dtype, software):
-    out = torch.empty(x.shape, dtype=out_dtype, device=DEV)
-    kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), SOFTWARE=software, BLOCK=1024)
-    return out
 
 
 def _all_finite_bf16() -> torch.Tensor:
@@ -46,8 +29,8 @@ def _all_finite_bf16() -> torch.Tensor:
 def test_hw_and_sw_e4m3_decode_bit_identical_for_every_finite_code(record):
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).to(DEV)
     finite = (codes & 0x7F) != 0x7F
-    hw = _run(_decode_kernel, codes, torch.float32, False)
-    sw = _run(_decode_kernel, codes, torch.float32, True)
+    hw = decode(codes, software=False, block=1024)
+    sw = decode(codes, software=True, block=1024)
     assert torch.equal(hw[finite].view(torch.int32), sw[finite].view(torch.int32))
     assert torch.equal(hw[finite].view(torch.int32), codes[finite].view(torch.float8_e4m3fn).float().view(torch.int32))
     record(codes_checked=int(finite.sum()))
@@ -63,8 +46,8 @@ def test_hw_and_sw_e4m3_encode_bit_identical(record):
     pos = torch.sort(vals[vals >= 0]).values.unique()
     mids = ((pos[:-1].double() + pos[1:].double()) / 2).float()
     x = torch.cat([x, _all_finite_bf16().float(), mids.to(DEV), -mids.to(DEV)])
-    hw = _run(_encode_kernel, x, torch.uint8, False)
-    sw = _run(_encode_kernel, x, torch.uint8, True)
+    hw = encode(x, software=False)
+    sw = encode(x, software=True)
     assert torch.equal(hw, sw)
     assert torch.equal(sw, x.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8))
     record(values_checked=x.numel())
