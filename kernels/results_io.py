@@ -3,8 +3,10 @@
 Benchmarks are stopped at device-call deadlines; a half-written JSON or report beside the good ones would be
 read as a result. Standard library only (matplotlib only if a figure is passed in).
 """
+import json
 import os
 import tempfile
+from pathlib import Path
 
 
 def _write_via_temp(path, write):
@@ -41,9 +43,6 @@ def save_figure(fig, path, **savefig_kwargs):
 
 def write_result_pair(folder, stem, doc, markdown_lines):
     """``<folder>/<stem>.json`` (``doc``) and ``<folder>/<stem>.md`` (the lines), each atomically; the .md path."""
-    import json
-    from pathlib import Path
-
     folder = Path(folder)
     write_text(folder / f"{stem}.json", json.dumps(doc, indent=1) + "\n")
     return Path(write_text(folder / f"{stem}.md", "\n".join(markdown_lines) + "\n"))

@@ -95,8 +95,9 @@ class Runner:
     def __init__(self, jobs: list[Job], res: Path, deadline: float, log=print):
         self.jobs, self.res, self.deadline, self.log = jobs, res, deadline, log
         self.lanes = lane_order(jobs)
-        self.lock = threading.Lock()
         self.t0 = time.monotonic()
+        # (job, GPU) -> set when that GPU's lane reaches a multi-GPU job it does not lead
+        self._reached = {(j.name, g): threading.Event() for j in jobs for g in j.gpus[1:]}
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -151,7 +152,6 @@ class Runner:
                 job.done.wait()
 
     def run(self) -> None:
-        self._reached = {(j.name, g): threading.Event() for j in self.jobs for g in j.gpus[1:]}
         threads = [threading.Thread(target=self.lane, args=(g,), daemon=True) for g in sorted(self.lanes)]
         for th in threads:
             th.start()
