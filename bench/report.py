@@ -97,6 +97,11 @@ def sections(docs: list[dict]) -> list[dict]:
                          "tpot_ms": [x for r in ok for x in (r.get("per_request") or {}).get("tpot_ms", [])],
                          "completed": sum(r["bench"].get("completed") or 0 for r in ok),
                          "failed": sum(r["bench"].get("failed") or 0 for r in ok)}
+                    cs = [r.get("server_counters") for r in ok]
+                    c["counters"] = ({k: sum(x.get(k, 0) for x in cs) for k in cs[0]}
+                                     if cs and all(x is not None for x in cs) else None)
+                    for key in ("p99_itl_ms", "p99_e2el_ms", "mean_ttft_ms"):
+                        c[key] = _mean([r["bench"].get(key) for r in ok])
                     for key, _, _ in METRICS:
                         c[key] = _mean([r["bench"].get(key) for r in ok])
                         c["spread_" + key] = _spread([r["bench"].get(key) for r in ok])
@@ -145,6 +150,24 @@ def _fmt(v, f):
 
 def _ratio(v, b):
     return "-" if v is None or not b else f"{v / b:.3f}"
+
+
+def load_detail(s: dict, t: str) -> list[str]:
+    """Lines of the load protocol's second table for tier t: stalls (ITL P99), whole-request latency, and the
+    server's counters over the run (preemptions mean recomputed prefills: the KV cache ran out)."""
+    L = ["| build | ITL P99 ms | E2E P99 ms | TTFT mean ms | preemptions | prompt tokens | prefix-cache hits |",
+         "|---|---:|---:|---:|---:|---:|---:|"]
+    for b in s["builds"]:
+        c = s["cell"][(b, t)]
+        if not c["n"]:
+            continue
+        k = c.get("counters") or {}
+        hits = (f"{100 * k['prefix_cache_hits'] / k['prefix_cache_queries']:.1f}%"
+                if k.get("prefix_cache_queries") else "-")
+        L.append(f"| {_name(b, s)} | {_fmt(c.get('p99_itl_ms'), '{:.1f}')} | {_fmt(c.get('p99_e2el_ms'), '{:.0f}')} | "
+                 f"{_fmt(c.get('mean_ttft_ms'), '{:.0f}')} | {k.get('preemptions', '-')} | "
+                 f"{k.get('prompt_tokens', '-')} | {hits} |")
+    return L + [""]
 
 
 def render_markdown(docs: list[dict], report_cmd: str | None = None) -> str:
@@ -234,6 +257,8 @@ def render_markdown(docs: list[dict], report_cmd: str | None = None) -> str:
                          f"{_fmt(c['p50_tpot_ms'], '{:.2f}')} | {_fmt(c['p99_tpot_ms'], '{:.2f}')} | "
                          f"{_ratio(c['p99_tpot_ms'], bc.get('p99_tpot_ms'))} | {c['completed']} / {c['failed']} |")
             L.append("")
+            if s["protocol"] == "load":
+                L.extend(load_detail(s, t))
         bs = [(t, s["cell"][(s["baseline"], t)]) for t in s["tiers"] if (s["baseline"], t) in s["cell"]]
         L.append("### Baseline spread (max - min) / mean over its runs")
         L.append("")

@@ -523,6 +523,44 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+# Server-side Prometheus counters recorded around each benchmark (their increase over the run, warm-ups included):
+# what the client's latencies cannot show, e.g. requests preempted (and recomputed) when the KV cache runs out.
+SERVER_COUNTERS = {"vllm:num_preemptions_total": "preemptions", "vllm:prompt_tokens_total": "prompt_tokens",
+                   "vllm:generation_tokens_total": "generation_tokens",
+                   "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+                   "vllm:prefix_cache_hits_total": "prefix_cache_hits"}
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """{short name: value summed over label sets} of SERVER_COUNTERS in a Prometheus text exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
+        if m and m.group(1) in SERVER_COUNTERS:
+            try:
+                out[SERVER_COUNTERS[m.group(1)]] = out.get(SERVER_COUNTERS[m.group(1)], 0.0) + float(m.group(3))
+            except ValueError:
+                continue
+    return out
+
+
+def scrape_counters(port: int) -> dict[str, float] | None:
+    """The server's SERVER_COUNTERS now, or None when /metrics cannot be read (informational only)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return parse_counters(r.read().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+
+
+def counter_increase(before: dict | None, after: dict | None) -> dict | None:
+    if before is None or after is None:
+        return None
+    return {k: int(round(after[k] - before.get(k, 0.0))) for k in after}
+
+
 class Server:
     def __init__(self, cmd: list[str], env: dict, log_path: str):
         self.cmd, self.env, self.log_path = cmd, env, log_path
@@ -864,6 +902,7 @@ def run(a, clock: Clock) -> int:
                         clock.log(f"{label} {proto} {tier}: {a.requests if proto == 'contest' else a.load_requests} "
                                   f"requests{'' if rate is None else f' at {rate:.3g} req/s, concurrency 16'}")
                         t0 = time.monotonic()
+                        counters0 = scrape_counters(port)
                         try:
                             status = client.run(cmd, left, f"{label} {proto} {tier}")
                             if status.get("rc") != 0:
@@ -871,6 +910,9 @@ def run(a, clock: Clock) -> int:
                             with open(os.path.join(raw_dir, fname)) as f:
                                 raw = json.load(f)
                             run_rec["bench"], run_rec["per_request"] = summarize_bench(raw)
+                            counters = counter_increase(counters0, scrape_counters(port))
+                            if counters is not None:
+                                run_rec["server_counters"] = counters
                             b = run_rec["bench"]
                             clock.log(f"  {b['output_throughput']:.1f} out tok/s, "
                                       f"TTFT P99 {b.get('p99_ttft_ms', 0):.1f} ms, "

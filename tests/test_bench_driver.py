@@ -161,6 +161,8 @@ def test_full_loop_with_fake_vllm_writes_json_report_and_plot(tmp_path):
     assert doc["runs"][0]["server"]["kv_cache_gib"] == 1.77 and doc["runs"][0]["server"]["kv_cache_tokens"] == 116424
     assert doc["prompts"]["4-8K"]["count"] == 64 and len(doc["prompts"]["4-8K"]["sha256"]) == 64
     assert os.path.exists(out / doc["runs"][0]["raw_file"])
+    # the fake server's counters grow by a fixed step per scrape: one scrape before and one after each run
+    assert doc["runs"][0]["server_counters"] == {"preemptions": 3, "prompt_tokens": 1000}
     assert "[bench +" in p.stdout and "full healthy after" in p.stdout  # progress lines
     md = p.stdout[p.stdout.index("# Serving benchmark"):]  # the report is printed last
     full = next(line for line in md.splitlines() if line.startswith("| full | 1 |"))
@@ -305,3 +307,20 @@ def test_auto_load_rate_is_capped_by_kv_capacity_under_dcu64():
     assert serve_bench.auto_load_rate(None, "16-32K", 64, "dcu64")[0] == pytest.approx(0.025)
     rate, how = serve_bench.auto_load_rate(None, "4-8K", 16, "h200")
     assert rate == 4.0 and how.startswith("fixed table")
+
+
+def test_server_counters_are_summed_over_label_sets_and_reported_as_increases():
+    from bench import serve_bench
+
+    text = ("# HELP vllm:num_preemptions_total x\n# TYPE vllm:num_preemptions_total counter\n"
+            'vllm:num_preemptions_total{engine="0",model_name="m"} 4.0\n'
+            'vllm:num_preemptions_total{engine="1",model_name="m"} 2.0\n'
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1.5e+04\n'
+            'vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e+09\n'
+            "vllm:generation_tokens_total 250\n")
+    got = serve_bench.parse_counters(text)
+    assert got == {"preemptions": 6.0, "prefix_cache_hits": 15000.0, "generation_tokens": 250.0}
+    after = dict(got, preemptions=9.0)
+    assert serve_bench.counter_increase(got, after) == {"preemptions": 3, "prefix_cache_hits": 0,
+                                                         "generation_tokens": 0}
+    assert serve_bench.counter_increase(None, after) is None

@@ -104,3 +104,21 @@ def test_report_cli_rejects_a_file_that_is_not_a_result(tmp_path):
     p = subprocess.run([sys.executable, "bench/report.py", str(bad)], capture_output=True, text=True)
     assert p.returncode == 2
     assert p.stderr.strip() == f"report: error: {bad} is not a serve_bench result (no 'runs'/'baseline')"
+
+
+def test_load_sections_add_stalls_whole_request_latency_and_server_counters(doc):
+    load = copy.deepcopy(doc)
+    for r in load["runs"]:
+        if r.get("protocol"):
+            r["protocol"] = "load"
+            r["bench"]["p99_itl_ms"] = 250.0 if r["variant"] == "base" else 60.0
+            r["server_counters"] = {"preemptions": 2 if r["variant"] == "base" else 0, "prompt_tokens": 5000,
+                                    "prefix_cache_queries": 5000, "prefix_cache_hits": 1000}
+    md = render_markdown([load])
+    assert "| build | ITL P99 ms | E2E P99 ms | TTFT mean ms | preemptions | prompt tokens | prefix-cache hits |" in md
+    part = md.split("### 4-8K", 1)[1].split("| build | ITL P99", 1)[1]
+    base = next(line for line in part.splitlines() if line.startswith("| base (baseline) ")).split("|")
+    assert base[2].strip() == "250.0" and base[5].strip() == "4" and base[7].strip() == "20.0%"  # two runs summed
+    p1 = next(line for line in part.splitlines() if line.startswith("| p1 ")).split("|")
+    assert p1[2].strip() == "60.0" and p1[5].strip() == "0"
+    assert "ITL P99" not in render_markdown([doc])  # contest sections keep one table per tier

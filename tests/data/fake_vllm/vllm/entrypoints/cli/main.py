@@ -1,4 +1,5 @@
-"""A fake `vllm` CLI for CPU tests: `vllm serve` answers /health and /speed (the variant's speed factor)."""
+"""A fake `vllm` CLI for CPU tests: `vllm serve` answers /health, /speed (the variant's speed factor) and
+/metrics (Prometheus text whose counters grow by a fixed step per scrape)."""
 import argparse
 import os
 import sys
@@ -30,9 +31,23 @@ def serve(argv):
     print("INFO Available KV cache memory: 1.77 GiB", flush=True)
     print("INFO GPU KV cache size: 116,424 tokens", flush=True)
 
+    scrapes = [0]
+
+    def metrics() -> bytes:
+        scrapes[0] += 1
+        n = scrapes[0]
+        labels = '{engine="0",model_name="Qwen3.5-27B"}'
+        return (f"# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.\n"
+                f"# TYPE vllm:num_preemptions_total counter\n"
+                f"vllm:num_preemptions_total{labels} {3.0 * n}\n"
+                f"vllm:prompt_tokens_total{labels} {1000.0 * n}\n"
+                f"vllm:num_requests_running{labels} 1.0\n").encode()
+
     class H(BaseHTTPRequestHandler):
         def do_GET(self):
             body = {"/health": b"", "/speed": speed.encode()}.get(self.path)
+            if self.path == "/metrics":
+                body = metrics()
             self.send_response(200 if body is not None else 404)
             self.end_headers()
             self.wfile.write(body or b"")
