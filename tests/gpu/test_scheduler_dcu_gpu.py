@@ -3,7 +3,7 @@
 One engine (in a child process; 16-layer Qwen3.5-27B-shaped dummy model, TRITON_ATTN, torch.compile + CUDA graphs, prefix
 caching on, hence Qwen3.5's "align" mode) serves the same staggered long-prompt workload twice: once with the
 scheduler's budget object removed (upstream scheduling, which the CPU tests prove identical) and once with a
-target set to 2.5x the median inter-token latency of the first run. Inter-token latency (ITL), per-request TPOT,
+target set to a third of the first run's inter-token latency P99 (at least 2.5x its median). Inter-token latency (ITL), per-request TPOT,
 TTFT and output tokens/s come from token arrival times as the engine hands them out.
 
 Writes <date>-<gpu>-sched-tpot.{json,md} into $OUT (default bench/results/), prints the table, and records the
@@ -115,7 +115,10 @@ def experiment(out_json: str) -> None:
     items = workload()
     assert llm.reset_prefix_cache(), "prefix cache not reset before the 'off' run"
     off = drive(llm, items, "off")
-    target = round(2.5 * off["itl_ms"]["p50"], 1)
+    # A target the align-mode floor (decode step + one 784-token block) cannot meet only makes prefill crawl: at
+    # 2.5x the ITL P50 (15.6 ms, 2026-11-30) TTFT P99 rose 3.7x and tokens/s fell to 0.38x. A third of the
+    # upstream ITL P99 (a step with a full prefill chunk) leaves room for a block or two beside the decodes.
+    target = round(max(2.5 * off["itl_ms"]["p50"], off["itl_ms"]["p99"] / 3.0), 1)
     sched.tpot_budget = budget = TpotBudget(sched, target)
     caps = []
     begin = budget.begin_step
@@ -174,8 +177,9 @@ def test_tpot_budget_cuts_inter_token_latency_p99_on_the_real_engine(tmp_path, r
         lines.append(f"| {label} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
     stats = rec["budget"]
     lines.append(f"\nLearned step model (ms per scaled feature: 1, tokens/1024, requests/64, decode KV/2^20, "
-                 f"prefill pairs/2^26): {[round(c, 3) for c in stats['coef']]}, residual std "
-                 f"{stats['resid_std_ms']:.2f} ms over {stats['samples']} steps.")
+                 f"prefill pairs/2^26, step has prefill): {[round(c, 3) for c in stats['coef']]}, residual std "
+                 f"{stats['resid_std_ms']:.2f} ms over {stats['samples']} steps; stalled steps (not learned) "
+                 f"{stats.get('slow_steps', 0)}, decodes left out {stats.get('decodes_left_out', 0)}.")
     table = "\n".join(lines) + "\n"
     (out_dir / f"{stem}.md").write_text(table)
     print("\n" + table)
@@ -189,7 +193,9 @@ def test_tpot_budget_cuts_inter_token_latency_p99_on_the_real_engine(tmp_path, r
     assert caps, "the budget never capped a step: the workload did not overlap prefill with decodes"
     assert all(c <= MAX_BATCHED for c in caps)
     if block:
-        assert all(c % block == 0 for c in caps), f"caps not multiples of the {block}-token block: {set(caps)}"
+        # whole blocks, or a block beside a prompt tail under TpotBudget.MIN_SLIVER (64) tokens
+        assert all(c % block == 0 or c % block < 64 for c in caps), \
+            f"caps not multiples of the {block}-token block: {set(caps)}"
     assert on["itl_ms"]["p99"] < 0.8 * off["itl_ms"]["p99"], "ITL P99 did not drop by 20%"
 
 

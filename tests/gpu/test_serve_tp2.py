@@ -9,12 +9,14 @@ import pytest
 pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2)]
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8_per_token_head"])
 def test_tensor_parallel_2_serve_returns_requested_token_counts_on_two_gpus(
-        model_4l, serve_env, harness, smoke_engine, server_lib, tmp_path, record):
+        kv_cache_dtype, model_4l, serve_env, harness, smoke_engine, server_lib, tmp_path, record):
+    """With 8-bit per-token-head KV each GPU holds 2 of the 4 KV heads and their scales."""
     import torch
 
     port = server_lib.free_port()
-    engine = dict(smoke_engine, tensor_parallel_size=2)
+    engine = dict(smoke_engine, tensor_parallel_size=2, kv_cache_dtype=kv_cache_dtype)
     argv = harness.serve_command(model_4l, port=port, **engine)
     assert "--disable-custom-all-reduce" in argv
     rnd = random.Random(11)
