@@ -1,0 +1,47 @@
+"""bench/sched_sim.py's command line: bad input fails with one line; a replayed GPU run writes its tables."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sim(*args, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the patched test tree first
+    return subprocess.run([sys.executable, "bench/sched_sim.py", "--out", str(tmp_path), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--scenario", "mi300"], "unknown scenario mi300; supported: dcu64-16-32K, dcu64-8-16K"),
+    (["--rates", "0,0.5"], "--rates must be positive numbers"),
+    (["--targets", "off,-3"], "--targets must be 'off' or numbers > 0"),
+    (["--rates", "", "--replay", "nope.json"], "No such file or directory"),
+])
+def test_bad_input_fails_with_one_line(args, message, tmp_path):
+    p = sim(*args, tmp_path=tmp_path)
+    assert p.returncode == 2
+    err = [line for line in p.stderr.splitlines() if line.startswith("sched_sim: error:")]
+    assert len(err) == 1 and message in err[0], p.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_replay_of_a_gpu_run_writes_json_and_tables_against_the_upstream_scheduler(tmp_path):
+    raw = tmp_path / "raw.json"  # three overlapping 16-32K requests, as `vllm bench serve --save-detailed` saves
+    raw.write_text(json.dumps({"start_times": [100.0, 101.0, 101.5], "input_lens": [20000, 18000, 17000],
+                               "output_lens": [40, 40, 40]}))
+    out = tmp_path / "out"
+    out.mkdir()
+    p = sim("--rates", "", "--targets", "60", "--replay", str(raw), "--what", "t", tmp_path=out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads((out / [f for f in os.listdir(out) if f.endswith("-cpu-sched-sim-t.json")][0]).read_text())
+    rows = {r["target_ms"]: r["summary"] for r in doc["results"]}
+    assert set(rows) == {None, 60.0}  # the upstream scheduler is always the reference row
+    assert rows[None]["completed"] == rows[60.0]["completed"] == 3
+    assert rows[60.0]["itl_p99_ms"] < rows[None]["itl_p99_ms"]  # the target bounds the steps with decodes
+    md = (out / [f for f in os.listdir(out) if f.endswith(".md")][0]).read_text()
+    assert md.startswith("# Scheduler simulation: dcu64-16-32K") and "A simulation, not a measurement" in md
+    assert "| upstream (off) |" in md and "| target 60 ms |" in md
