@@ -248,6 +248,26 @@ def test_edit_then_refresh_writes_commits_back_to_patches(built, tmp_path):
     assert build(repo, "--check").returncode == 0
 
 
+def test_refresh_refuses_a_commit_that_carries_a_file_the_build_stamps(built, tmp_path):
+    """A build run inside the edit tree stamps vllm/_version.py; `git commit -a --amend` then sweeps the stamp
+    into the last patch. Refresh must stop with one clear line and leave patches/ as it was."""
+    repo = copy_repo(tmp_path / "r")
+    assert build(repo, "--edit").returncode == 0
+    tree = repo / "build" / "tree"
+    last = series_names(repo)[-1]
+    before = (repo / "patches" / last).read_text()
+    with open(tree / "vllm" / "_version.py", "a") as f:
+        f.write("# stamped\n")
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+    subprocess.run(["git", "-C", str(tree), "commit", "-q", "-a", "--amend", "--no-edit"], env=env, check=True)
+    p = build(repo, "--refresh")
+    assert p.returncode != 0
+    err = [line for line in p.stderr.splitlines() if "error" in line.lower()]
+    assert len(err) == 1 and "vllm/_version.py, which the build writes itself" in err[0], p.stderr
+    assert (repo / "patches" / last).read_text() == before
+
+
 def test_base_wheel_overlay_records_given_base(built, tmp_path):
     repo, _, _ = built
     base = next(tool.cache_dir().glob("vllm-0.18.1-*.whl"))

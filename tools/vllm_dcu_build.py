@@ -607,6 +607,11 @@ def check_series(repo: Path, base: Base, patches: list[Patch], tree: Path) -> li
     return results
 
 
+# Files the build writes into the tree after the patches (version stamp, patch-set record); kernels/ goes to
+# vllm/dcu_kernels/. A patch must never carry them.
+STAMPED_FILES = ("vllm/_version.py", "vllm/dcu_patchset.json")
+
+
 def refresh(repo: Path, tree: Path) -> None:
     if not (tree / ".git").is_dir():
         raise BuildError(f"{tree} is not an edit tree; run ./build.sh --edit first")
@@ -623,6 +628,12 @@ def refresh(repo: Path, tree: Path) -> None:
             raise BuildError(f"commit {rev[:10]} ({subj!r}) has no 'Patch-Name: NNNN-name.patch' trailer; "
                              f"add one to its message")
         name = m.group(1)
+        stamped = [f for f in git(tree, "diff", "--name-only", f"{rev}^", rev).stdout.split()
+                   if f in STAMPED_FILES or f.startswith("vllm/dcu_kernels/")]
+        if stamped:
+            raise BuildError(f"commit {rev[:10]} ({name}) changes {', '.join(stamped)}, which the build writes "
+                             f"itself (a build ran in the edit tree?); restore with `git -C {tree} checkout "
+                             f"{rev[:10]}^ -- {' '.join(stamped)}` and amend that commit")
         diff = git(tree, "diff", "--no-color", "--no-ext-diff", "--full-index", f"{rev}^", rev).stdout
         stat = git(tree, "diff", "--stat=100", f"{rev}^", rev).stdout
         old = series_patches.get(name)
