@@ -171,3 +171,30 @@ def test_plain_caches_keep_their_paths(triton_attn):
     assert impl.kv_quant is None
     impl = make_impl(triton_attn, "fp8")
     assert impl.kv_quant is None
+
+
+def test_attention_bench_times_decode_and_prefill_points_for_every_method(unified_attention, monkeypatch):
+    """kernels/kv_quant/bench_attention.py's call path at tiny shapes (the GPU run times it): decode points use
+    one query token per sequence, a prefill point one sequence's last `chunk` tokens through the 2D kernel."""
+    from kernels.kv_quant import bench_attention as ba
+
+    monkeypatch.setattr(ba, "HQ", HQ)
+    monkeypatch.setattr(ba, "HKV", HKV)
+    monkeypatch.setattr(ba, "D", D)
+    monkeypatch.setattr(ba, "SEGMENTS", SEGMENTS)
+    monkeypatch.setattr(ba, "THRESHOLD_3D", 4)
+    monkeypatch.setattr(ba, "BLOCK", {"bf16": BS, "fp8": 2 * BS, "int8": 2 * BS})
+    calls = []
+
+    def time_once(fn):
+        fn()
+        calls.append(1)
+        return 10.0 + len(calls)
+
+    monkeypatch.setattr(ba, "_time_us", time_once)
+    rows = ba.bench([2], [48], dev="cpu", unified_attention=unified_attention, prefill_chunks=[16, 64])
+    methods = list(ba.METHODS)
+    assert [(r["q_tokens"], r["method"]) for r in rows] == [(1, m) for m in methods] + [(16, m) for m in methods]
+    assert {r["kernel"] for r in rows if r["q_tokens"] == 1} == {"3D"}
+    assert {r["kernel"] for r in rows if r["q_tokens"] == 16} == {"2D"}  # the 64-token chunk exceeds ctx 48
+    assert rows[0]["vs_bf16"] == 1.0 and rows[1]["vs_bf16"] == round(12.0 / 11.0, 3)

@@ -3,9 +3,10 @@ bf16 vs fp8_per_token_head (hardware / software e4m3 decode) vs int8_per_token_h
 S and P (the default for bf16) and, for comparison, to dequantized K/V tiles.
 
     bash ci/gpu/run.sh python -m kernels.kv_quant.bench_attention [--out DIR] [--ctx 4096,16384,32768] [--batch 1,8,32]
+        [--prefill 4096]
 
 Needs the patched vLLM on PYTHONPATH (the GPU harness variant). Each point is a CUDA-graph replay of one
-layer's decode step (one query token per sequence; 24 q / 4 kv heads x 256; block 1552 for the 8-bit
+layer's decode step (one query token per sequence; with --prefill also one sequence's prefill chunk; 24 q / 4 kv heads x 256; block 1552 for the 8-bit
 dtypes, 784 for bf16, as vLLM picks them for Qwen3.5-27B), median of triton.testing.do_bench.
 Bytes = KV cache bytes read (codes + scales). Writes ``<date>-<gpu>-kv-decode-attention.{json,md}`` into
 ``--out`` (default ``$OUT`` or bench/results/) and prints the table last.
@@ -75,43 +76,48 @@ def _time_us(fn) -> float:
     return ms * 1e3
 
 
-def bench(batches, ctxs, dev="cuda", unified_attention=None):
+def bench(batches, ctxs, dev="cuda", unified_attention=None, prefill_chunks=()):
+    """Rows of decode points (batch x one query token) and, for each chunk in prefill_chunks, a prefill point:
+    one sequence whose last `chunk` tokens are the queries (causal), as a chunked prefill step at position
+    ctx - chunk runs it (the 2D kernel)."""
     if unified_attention is None:
         from vllm.v1.attention.ops.triton_unified_attention import unified_attention
     so = torch.empty(THRESHOLD_3D, HQ, SEGMENTS, D, dtype=torch.float32, device=dev)
     sm = torch.empty(THRESHOLD_3D, HQ, SEGMENTS, dtype=torch.float32, device=dev)
     se = torch.empty_like(sm)
     rows = []
-    for ctx in ctxs:
-        for batch in batches:
-            q = torch.randn(batch, HQ, D, device=dev).to(torch.bfloat16)
-            out = torch.empty_like(q)
-            cu_q = torch.arange(batch + 1, device=dev, dtype=torch.int32)
-            seqused = torch.full((batch,), ctx, device=dev, dtype=torch.int32)
-            ones = torch.ones(batch, HKV, dtype=torch.float32, device=dev)
-            cases = {}
-            base_us = None
-            for name, (kind, sw, tiles) in METHODS.items():
-                if kind not in cases:
-                    cases[kind] = _case(batch, ctx, kind, dev)
-                c = cases[kind]
-                extra = {} if kind is None else dict(kv_quant=kind, k_scale_cache=c["ks"], v_scale_cache=c["vs"],
-                                                     software_fp8=sw, dequant_tiles=tiles)
+    points = [(ctx, batch, 1) for ctx in ctxs for batch in batches]
+    points += [(ctx, 1, chunk) for ctx in ctxs for chunk in prefill_chunks if chunk <= ctx]
+    for ctx, batch, qlen in points:
+        q = torch.randn(batch * qlen, HQ, D, device=dev).to(torch.bfloat16)
+        out = torch.empty_like(q)
+        cu_q = torch.arange(batch + 1, device=dev, dtype=torch.int32) * qlen
+        seqused = torch.full((batch,), ctx, device=dev, dtype=torch.int32)
+        ones = torch.ones(batch, HKV, dtype=torch.float32, device=dev)
+        cases = {}
+        base_us = None
+        for name, (kind, sw, tiles) in METHODS.items():
+            if kind not in cases:
+                cases[kind] = _case(batch, ctx, kind, dev)
+            c = cases[kind]
+            extra = {} if kind is None else dict(kv_quant=kind, k_scale_cache=c["ks"], v_scale_cache=c["vs"],
+                                                 software_fp8=sw, dequant_tiles=tiles)
 
-                def run(c=c, extra=extra):
-                    unified_attention(q, c["k"], c["v"], out, cu_q, 1, seqused, ctx, D**-0.5, True, (-1, -1),
-                                      c["table"], 0, None, ones, ones, seq_threshold_3D=THRESHOLD_3D,
-                                      num_par_softmax_segments=SEGMENTS, softmax_segm_output=so,
-                                      softmax_segm_max=sm, softmax_segm_expsum=se, **extra)
+            def run(c=c, extra=extra):
+                unified_attention(q, c["k"], c["v"], out, cu_q, qlen, seqused, ctx, D**-0.5, True, (-1, -1),
+                                  c["table"], 0, None, ones, ones, seq_threshold_3D=THRESHOLD_3D,
+                                  num_par_softmax_segments=SEGMENTS, softmax_segm_output=so,
+                                  softmax_segm_max=sm, softmax_segm_expsum=se, **extra)
 
-                us = _time_us(run)
-                base_us = base_us or us
-                rows.append(dict(ctx=ctx, batch=batch, method=name, kernel="3D" if batch <= THRESHOLD_3D else "2D",
-                                 us=round(us, 1), bytes=c["bytes"], GBps=round(c["bytes"] / (us * 1e-6) / 1e9),
-                                 vs_bf16=round(us / base_us, 3)))
-                print(rows[-1], flush=True)
-            del cases
-            torch.cuda.empty_cache()
+            us = _time_us(run)
+            base_us = base_us or us
+            kernel = "2D" if qlen > 1 or batch > THRESHOLD_3D else "3D"
+            rows.append(dict(ctx=ctx, batch=batch, q_tokens=qlen, method=name, kernel=kernel,
+                             us=round(us, 1), bytes=c["bytes"], GBps=round(c["bytes"] / (us * 1e-6) / 1e9),
+                             vs_bf16=round(us / base_us, 3)))
+            print(rows[-1], flush=True)
+        del cases
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -120,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
     ap.add_argument("--ctx", default="4096,16384,32768")
     ap.add_argument("--batch", default="1,8,32")
+    ap.add_argument("--prefill", default="", help="also time one-sequence prefill chunks of these sizes (query "
+                    "tokens at the end of each ctx), e.g. 4096: the attention share of 8-bit KV's prefill cost")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kv decode attention bench: needs a CUDA/HIP GPU", file=sys.stderr)
@@ -134,7 +142,16 @@ def main(argv=None) -> int:
         print("kv decode attention bench: this vLLM lacks patch 0002 (unified_attention has no k_scale_cache)",
               file=sys.stderr)
         return 2
-    rows = bench([int(x) for x in args.batch.split(",")], [int(x) for x in args.ctx.split(",")])
+    try:
+        batches, ctxs = [int(x) for x in args.batch.split(",")], [int(x) for x in args.ctx.split(",")]
+        chunks = [int(x) for x in args.prefill.split(",") if x]
+        if min(batches + ctxs + chunks) < 1:
+            raise ValueError
+    except ValueError:
+        print("kv decode attention bench: --batch, --ctx and --prefill take positive integers, comma separated",
+              file=sys.stderr)
+        return 2
+    rows = bench(batches, ctxs, prefill_chunks=chunks)
     copy = copy_bandwidth_gbps()
     for r in rows:
         r["pct_copy"] = round(100 * r["GBps"] / copy, 1)
@@ -148,11 +165,11 @@ def main(argv=None) -> int:
     lines = [f"# Decode attention, unified attention, Qwen3.5-27B shapes ({gpu})", "", f"Command: `{command}`", "",
              f"torch {torch.__version__}, triton {triton.__version__}; device copy {copy:.0f} GB/s; one layer, "
              "CUDA-graph replay, median. `_tiles`: K/V tiles dequantized instead of scaling S and P.", "",
-             "| ctx | batch | kernel | method | us | KV bytes | GB/s | % of copy | time vs bf16 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| ctx | batch | query tokens | kernel | method | us | KV bytes | GB/s | % of copy | time vs bf16 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['ctx']} | {r['batch']} | {r['kernel']} | {r['method']} | {r['us']} | {r['bytes']} | "
-                     f"{r['GBps']} | {r['pct_copy']} | {r['vs_bf16']} |")
+        lines.append(f"| {r['ctx']} | {r['batch']} | {r['q_tokens']} | {r['kernel']} | {r['method']} | {r['us']} | "
+                     f"{r['bytes']} | {r['GBps']} | {r['pct_copy']} | {r['vs_bf16']} |")
     md = write_result_pair(out, stem, dict(meta=meta, rows=rows), lines)
     print(md.read_text())
     return 0
