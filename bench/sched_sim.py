@@ -147,8 +147,9 @@ class SyntheticDevice:
     Deliberately not of the controller's exact form: the prefill attention term is superlinear in the chunk."""
 
     def __init__(self, base=8.0, per_token=0.05, per_req=0.05, per_kv=1e-5, per_pair=2e-8, noise=0.3, seed=1,
-                 mixed_ms=0.0):
+                 mixed_ms=0.0, superlinear=1.0 / 8192):
         self.base, self.per_token, self.per_req, self.mixed_ms = base, per_token, per_req, mixed_ms
+        self.superlinear = superlinear
         self.per_kv, self.per_pair, self.noise = per_kv, per_pair, noise
         self.rng = random.Random(seed)
 
@@ -162,7 +163,7 @@ class SyntheticDevice:
             t += self.mixed_ms  # no full CUDA graph for a batch with prefill: a fixed launch cost
         for pos, n, pre in batch:
             if pre:
-                t += self.per_pair * n * (pos + n / 2.0) * (1.0 + n / 8192.0)
+                t += self.per_pair * n * (pos + n / 2.0) * (1.0 + n * self.superlinear)
             else:
                 t += self.per_kv * (pos + n)
         return t * (1.0 + self.rng.gauss(0.0, self.noise / 100.0)) + abs(self.rng.gauss(0.0, self.noise))
@@ -283,7 +284,8 @@ def pct(xs, q):
 # Step times of the 16-layer Qwen3.5-27B-shaped model on the H200, fitted by patch 0004's step-time model on the
 # real engine (bench/results/2026-11-30-h200-gpu-sched-tpot-test.md: 4.68 ms + 40.6 ms per 1024 tokens + 9.2 ms
 # per 64 requests + 65.9 ms per 2^26 prefill query-key pairs; residual 2.5 ms over 380 steps).
-H200_L16 = dict(base=4.7, per_token=40.6 / 1024, per_req=9.2 / 64, per_kv=0.0, per_pair=65.9 / (1 << 26))
+H200_L16 = dict(base=4.7, per_token=40.6 / 1024, per_req=9.2 / 64, per_kv=0.0, per_pair=65.9 / (1 << 26),
+                superlinear=0.0)
 
 # name: (make_scheduler kwargs, prompt length range, output tokens)
 SCENARIOS = {
