@@ -10,7 +10,7 @@ what it is worth.
 
     python bench/sched_sim.py --scenario dcu64-16-32K --rates 0.25,0.6 --targets off,30,60,120 --seeds 3
 
-Needs a patched vLLM tree (./build.sh --tree, or the tests' build/test-tree; VLLM_DCU_TREE=DIR to choose).
+Uses the tests' patched tree build/test-tree (built or refreshed on first use, ~20 s; VLLM_DCU_TREE=DIR to choose).
 Writes <date>-cpu-sched-sim-<scenario>.{json,md} into --out (bench/results/).
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ DATA = REPO / "tests" / "data" / "scheduler"
 
 
 def _ensure_tree() -> None:
-    """Put a patched vLLM tree first on sys.path unless `import vllm` already finds one with patch 0004."""
+    """Put a patched vLLM tree first on sys.path unless `import vllm` already finds one with patch 0004 (as under
+    pytest): VLLM_DCU_TREE, else the tests' build/test-tree, rebuilt by the build tool when the patches changed."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is not None:
@@ -39,12 +40,19 @@ def _ensure_tree() -> None:
                 return
         except ModuleNotFoundError:
             pass
-    for cand in [os.environ.get("VLLM_DCU_TREE"), REPO / "build" / "test-tree", REPO / "build" / "tree"]:
-        if cand and (Path(cand) / "vllm" / "v1" / "core" / "sched" / "dcu_tpot_budget.py").is_file():
-            sys.path.insert(0, str(cand))
-            return
-    raise SystemExit("sched_sim: error: no patched vLLM tree with patch 0004; run ./build.sh --tree "
-                     "(or set VLLM_DCU_TREE=DIR)")
+    tree = os.environ.get("VLLM_DCU_TREE")
+    if not tree:
+        sys.path.insert(0, str(REPO / "tools"))
+        import vllm_dcu_build
+
+        sys.path.remove(str(REPO / "tools"))
+        try:
+            tree = str(vllm_dcu_build.prepared_tree(REPO / "build" / "test-tree"))
+        except vllm_dcu_build.BuildError as e:
+            raise SystemExit(f"sched_sim: error: {str(e).splitlines()[0]}") from None
+    if not (Path(tree) / "vllm" / "v1" / "core" / "sched" / "dcu_tpot_budget.py").is_file():
+        raise SystemExit(f"sched_sim: error: {tree} has no patch 0004 (vllm/v1/core/sched/dcu_tpot_budget.py)")
+    sys.path.insert(0, str(tree))
 
 
 _ensure_tree()

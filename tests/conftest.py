@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -38,40 +37,20 @@ if not _has_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _inputs_hash() -> str:
-    """Hash of everything the patched tree is made from (tool, pins, series, patches, kernels)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for sub in ("tools", "vendor", "patches", "kernels"):
-        for f in sorted((REPO / sub).rglob("*")):
-            if f.is_file() and "__pycache__" not in f.parts:
-                h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
-
-
 def _patched_tree() -> Path | None:
     if os.environ.get("VLLM_DCU_USE_INSTALLED") == "1":
         return None
     if os.environ.get("VLLM_DCU_TREE"):
         return Path(os.environ["VLLM_DCU_TREE"]).resolve()
-    import fcntl
-
-    tree = REPO / "build" / "test-tree"
-    stamp = tree / ".dcu-inputs.sha256"
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    # one builder at a time; a tree built from the same inputs is reused
-    with open(REPO / "build" / ".test-tree.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        want = _inputs_hash()
-        if stamp.exists() and stamp.read_text() == want:
-            return tree
-        p = subprocess.run([sys.executable, str(REPO / "tools" / "vllm_dcu_build.py"), "--tree", "--tree-dir",
-                            str(tree)], capture_output=True, text=True)
-        if p.returncode != 0:
-            raise pytest.UsageError(f"could not prepare the patched vLLM tree for tests:\n{p.stdout}{p.stderr}")
-        stamp.write_text(want)
-    return tree
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import vllm_dcu_build
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    try:  # a tree built from the same inputs is reused
+        return vllm_dcu_build.prepared_tree(REPO / "build" / "test-tree")
+    except vllm_dcu_build.BuildError as e:
+        raise pytest.UsageError(f"could not prepare the patched vLLM tree for tests: {e}") from None
 
 
 _TREE = _patched_tree()

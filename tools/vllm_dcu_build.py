@@ -711,6 +711,36 @@ def build_source(repo: Path, src: Path, patches: list[Patch], out_dir: Path, wor
     return final
 
 
+def tree_inputs_hash(repo: Path = REPO) -> str:
+    """Hash of everything a patched tree is made from (this tool, the pins, the series, patches, kernels)."""
+    h = hashlib.sha256()
+    for sub in ("tools", "vendor", "patches", "kernels"):
+        for f in sorted((repo / sub).rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts:
+                h.update(str(f.relative_to(repo)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def prepared_tree(tree: Path, repo: Path = REPO) -> Path:
+    """`tree`, (re)built with --tree when the inputs changed since it was built; one builder at a time.
+    For tests and tools that import the patched vLLM without installing a wheel. Raises BuildError."""
+    import fcntl
+
+    stamp = tree / ".dcu-inputs.sha256"
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    with open(tree.parent / f".{tree.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        want = tree_inputs_hash(repo)
+        if stamp.exists() and stamp.read_text() == want:
+            return tree
+        p = subprocess.run([sys.executable, str(repo / "tools" / "vllm_dcu_build.py"), "--tree", "--tree-dir",
+                            str(tree)], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise BuildError(f"could not prepare the patched vLLM tree {tree}:\n{p.stdout}{p.stderr}")
+        stamp.write_text(want)
+    return tree
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="build.sh", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
