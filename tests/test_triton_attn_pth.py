@@ -249,3 +249,26 @@ def test_prefill_tile_settings_are_validated_at_startup(unified_attention):
     for name, bad in (("VLLM_DCU_PREFILL_BLOCK_M", "48"), ("VLLM_DCU_PREFILL_TILE_SIZE", "big")):
         with pytest.raises(ValueError, match=f"{name}=.*supported values are"):
             read({name: bad})
+
+
+def test_prefill_tiles_apply_to_launches_with_prefill_only(unified_attention, monkeypatch):
+    """Decode-only batches that fall back to the 2D kernel (more sequences than the 3D threshold) keep upstream's
+    tiles; a batch with a prefill chunk gets the settings."""
+    knobs = unified_attention.__globals__
+    launches = []
+
+    class Capture:
+        def __getitem__(self, grid):
+            return lambda **kw: launches.append((kw["BLOCK_M"], kw["TILE_SIZE"]))
+
+    monkeypatch.setitem(knobs, "kernel_unified_attention_2d", Capture())
+    monkeypatch.setitem(knobs, "_DCU_PREFILL_BLOCK_M", 64)
+    monkeypatch.setitem(knobs, "_DCU_PREFILL_TILE_SIZE", 16)
+    for query_lens in ([1, 1, 1], [5, 1, 17]):
+        b = make_batch(query_lens, [30, 40, 8], torch.bfloat16, seed=1)
+        seq = torch.tensor(b["seq_lens"], dtype=torch.int32)
+        k_cache = torch.zeros(b["num_blocks"], BS, HKV, D, dtype=torch.bfloat16)
+        unified_attention(b["q"], k_cache, k_cache, torch.zeros_like(b["q"]), b["qsl"], max(query_lens), seq,
+                          max(b["seq_lens"]), D**-0.5, True, (-1, -1), b["table"], 0, None, torch.ones(3, HKV),
+                          torch.ones(3, HKV))
+    assert launches == [(16, 32), (64, 16)]
