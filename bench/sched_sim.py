@@ -66,7 +66,7 @@ from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched import async_scheduler as async_mod  # noqa: E402
 from vllm.v1.core.sched import scheduler as sched_mod  # noqa: E402
-from vllm.v1.core.sched.dcu_tpot_budget import is_prefilling  # noqa: E402
+from vllm.v1.core.sched.dcu_tpot_budget import final_token_in_flight, is_prefilling  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
@@ -199,9 +199,8 @@ class Sim:
     def _launch(self):
         sched = self.sched
         # running decodes that need a token this step (async scheduling skips one whose last token is in flight)
-        decoding_before = [r.request_id for r in sched.running if not is_prefilling(r) and not (
-            r.num_output_placeholders > 0
-            and r.num_computed_tokens + 2 - r.num_output_placeholders >= r.num_prompt_tokens + r.max_tokens)]
+        decoding_before = [r.request_id for r in sched.running
+                           if not is_prefilling(r) and not final_token_in_flight(r)]
         so = sched.schedule()
         batch, tokens = [], {}
         for rid, n in so.num_scheduled_tokens.items():
