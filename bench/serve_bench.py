@@ -301,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "under graphs; eager prefill) or eager")
     ap.add_argument("--step", default="1/1", help="K/N: run the K-th of N shares of the non-baseline builds")
     ap.add_argument("--no-repeat-baseline", action="store_true", help="run the baseline once, not first and last")
+    ap.add_argument("--baseline-last", action="store_true",
+                    help="run the baseline once, after the other builds (pairs with a run in the usual order to put "
+                         "a fresh machine's cold start on each side once); needs every --load-rate given")
     ap.add_argument("--variant-flags", action="append", default=[], metavar="NAME=FLAGS",
                     help="extra `vllm serve` flags for one build, after the harness's (the last occurrence of a "
                          "flag wins), e.g. 'dcu.3.ab12=--attention-backend DCU_TRITON_ATTN'; repeatable; "
@@ -353,6 +356,9 @@ def check_args(a) -> None:
         raise BenchError(f"--output-len must be in [1, 1024], got {a.output_len}")
     a.step_k, a.step_n = parse_step(a.step)
     a.load_rates = parse_load_rate(a.load_rate, a.tier_list)
+    if a.baseline_last and "load" in a.protocol_list and any(t not in (a.load_rates or {}) for t in a.tier_list):
+        raise BenchError("--baseline-last with the load protocol needs a --load-rate for every tier (the auto rate "
+                         "comes from the baseline's contest run)")
     a.flags_by_variant = parse_variant_flags(a.variant_flags)
     a.baseline_name = a.baseline
     try:
@@ -367,8 +373,10 @@ def check_args(a) -> None:
 
 
 def make_plan(a, baseline: str, others: list[str]) -> list[dict]:
-    """Server runs in order: [{"variant", "repeat"}]; baseline first (and last)."""
+    """Server runs in order: [{"variant", "repeat"}]; baseline first (and last), or only last (--baseline-last)."""
     chunk = step_chunk(others, a.step_k, a.step_n) if others else []
+    if getattr(a, "baseline_last", False):
+        return [{"variant": v, "repeat": 0} for v in chunk] + [{"variant": baseline, "repeat": 0}]
     plan = [{"variant": baseline, "repeat": 0}]
     plan += [{"variant": v, "repeat": 0} for v in chunk]
     if not a.no_repeat_baseline:

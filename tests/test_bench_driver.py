@@ -35,6 +35,7 @@ def drive(*args, tmp_path, env_extra=None):
     (["--kv-gib", "7"], "--kv-gib applies to --profile dcu64 only"),
     (["--load-rate", "4-8K=x"], "--load-rate must be 'auto', a number or tier=rate pairs"),
     (["--variant-flags", "full"], "--variant-flags needs NAME=FLAGS, got 'full'"),
+    (["--baseline-last", "--protocols", "load"], "--baseline-last with the load protocol needs a --load-rate"),
     (["--variants", "full", "--variant-flags", "slow=--enforce-eager"],
      "--variant-flags names slow, not in this run's plan (baseline, full)"),
 ])
@@ -59,6 +60,14 @@ def test_steps_split_the_builds_once_each_and_every_step_brackets_them_with_the_
     assert base == "b" and others == builds
     with pytest.raises(BenchError):
         step_chunk(builds, 1, 8)
+
+
+def test_baseline_last_runs_the_baseline_once_after_the_other_builds():
+    from bench import serve_bench
+    a = _args("--baseline-last", "--protocols", "load", "--tiers", "16-32K", "--load-rate", "0.6")
+    assert [p["variant"] for p in serve_bench.make_plan(a, "b", ["x", "y"])] == ["x", "y", "b"]
+    a = _args("--protocols", "load", "--tiers", "16-32K", "--load-rate", "0.6")
+    assert [p["variant"] for p in serve_bench.make_plan(a, "b", ["x", "y"])] == ["b", "x", "y", "b"]
 
 
 def test_dry_run_prints_contest_server_and_bench_flags(tmp_path):
