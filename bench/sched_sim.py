@@ -85,7 +85,7 @@ init_none_hash(sha256)
 def make_scheduler(*, hybrid: bool = False, async_sched: bool = False, target: float | None = None,
                    min_prefill: int = 0, max_num_seqs: int = 32, max_batched: int = 2048, num_blocks: int = 4000,
                    block_size: int | None = None, policy: str = "fcfs", max_model_len: int = 65536, cls=None,
-                   prefix_caching: bool | None = None, gdn_groups: int = 1):
+                   prefix_caching: bool | None = None, gdn_groups: int = 1, cap_when: str = "kv-pressure"):
     """A real (patched) Scheduler or AsyncScheduler over a KV cache of num_blocks blocks.
 
     hybrid: Qwen3.5-27B's text config (an attention group plus gdn_groups Gated DeltaNet groups sharing the block
@@ -102,7 +102,7 @@ def make_scheduler(*, hybrid: bool = False, async_sched: bool = False, target: f
     sched_config = SchedulerConfig(max_model_len=max_model_len, is_encoder_decoder=False, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_batched, enable_chunked_prefill=True,
                                    async_scheduling=async_sched, policy=policy, scheduler_tpot_target_ms=target,
-                                   scheduler_min_prefill_tokens=min_prefill)
+                                   scheduler_min_prefill_tokens=min_prefill, scheduler_tpot_cap_when=cap_when)
     vllm_config = VllmConfig(model_config=model_config, cache_config=cache_config, scheduler_config=sched_config,
                              device_config=DeviceConfig(device="cpu"))
     if hybrid:
@@ -291,8 +291,12 @@ def pct(xs, q):
 # Step times of the 16-layer Qwen3.5-27B-shaped model on the H200, fitted by patch 0004's step-time model on the
 # real engine (bench/results/2026-11-30-h200-gpu-sched-tpot-test.md: 4.68 ms + 40.6 ms per 1024 tokens + 9.2 ms
 # per 64 requests + 65.9 ms per 2^26 prefill query-key pairs; residual 2.5 ms over 380 steps).
+# mixed_ms: the fixed cost of a step that carries prefill work in the harness's decode-graph mode (eager prefill, no
+# CUDA graph): 24 ms reproduces the two served runs of the budget at target 30 ms (2026-11-30, 16-32K, dcu64:
+# 0.25 req/s TPOT P99 42.6 simulated vs 43.8 ms measured, TTFT P99 6.9 vs 6.5 s; 0.6 req/s TPOT P99 42.9 vs 46.9 ms,
+# TTFT P99 26.8 vs 28.4 s, 0 preemptions in both); without it the simulator missed the cost of small chunks.
 H200_L16 = dict(base=4.7, per_token=40.6 / 1024, per_req=9.2 / 64, per_kv=0.0, per_pair=65.9 / (1 << 26),
-                superlinear=0.0)
+                superlinear=0.0, mixed_ms=24.0)
 
 # name: (make_scheduler kwargs, prompt length range, output tokens)
 SCENARIOS = {
@@ -329,9 +333,9 @@ def replay_items(path: str) -> list[tuple[float, str, int, int]]:
     return sorted((s - t0, f"r{i:03d}", n_in, n_out) for i, (s, n_in, n_out) in enumerate(zip(starts, ins, outs)))
 
 
-def run_one(scenario: str, items: list, target: float | None, seed: int) -> dict:
+def run_one(scenario: str, items: list, target: float | None, seed: int, cap_when: str = "kv-pressure") -> dict:
     skw = SCENARIOS[scenario][0]
-    sched = make_scheduler(target=target, **skw)
+    sched = make_scheduler(target=target, cap_when=cap_when, **skw)
     sim = Sim(sched, SyntheticDevice(noise=0.3, seed=seed, **H200_L16), async_sched=skw["async_sched"])
     sim.run(items, max_steps=2_000_000)
     tpot = sim.tpot()
@@ -371,7 +375,8 @@ def render(doc: dict) -> list[str]:
         base = next(r["summary"] for r in rows if r["target_ms"] is None)
         for r in rows:
             s = r["summary"]
-            name = "upstream (off)" if r["target_ms"] is None else f"target {r['target_ms']:g} ms"
+            name = ("upstream (off)" if r["target_ms"] is None
+                    else f"target {r['target_ms']:g} ms, cap {r.get('cap_when', 'always')}")
 
             def ratio(k):
                 return f"{s[k] / base[k]:.2f}" if base[k] else "-"
@@ -388,6 +393,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scenario", default="dcu64-16-32K", help="one of " + ", ".join(SCENARIOS))
     ap.add_argument("--rates", default="0.25,0.6", help="Poisson request rates (req/s), comma list")
     ap.add_argument("--targets", default="off,30,60,120", help="'off' and/or --scheduler-tpot-target-ms values")
+    ap.add_argument("--cap-when", default="kv-pressure",
+                    help="--scheduler-tpot-cap-when values to run each target with, comma list: kv-pressure, always")
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--replay", action="append", default=[], metavar="RAW_JSON",
@@ -408,6 +415,9 @@ def main(argv=None) -> int:
             targets.insert(0, None)  # the upstream scheduler is every table's reference
         if any(t is not None and not t > 0 for t in targets):
             raise ValueError("--targets must be 'off' or numbers > 0")
+        cap_whens = [x for x in a.cap_when.split(",") if x]
+        if not cap_whens or any(x not in ("kv-pressure", "always") for x in cap_whens):
+            raise ValueError("--cap-when must list kv-pressure and/or always")
         if a.requests < 1 or a.seeds < 1:
             raise ValueError("--requests and --seeds must be >= 1")
     except (ValueError, OSError) as e:
@@ -422,13 +432,14 @@ def main(argv=None) -> int:
                 for p, items in replays.items()])
     results = []
     for label, rate, item_sets in loads:
-        for target in targets:
-            runs = [run_one(a.scenario, items, target, seed) for seed, items in enumerate(item_sets)]
+        for target, when in [(None, None)] + [(t, w) for t in targets if t is not None for w in cap_whens]:
+            runs = [run_one(a.scenario, items, target, seed, when or "kv-pressure")
+                    for seed, items in enumerate(item_sets)]
             s = summarize(runs)
-            results.append({"load": label, "rate": rate, "target_ms": target, "summary": s,
+            results.append({"load": label, "rate": rate, "target_ms": target, "cap_when": when, "summary": s,
                             "runs": [{k: v for k, v in r.items() if k not in ("ttft_s", "tpot_ms", "itl_ms")}
                                      for r in runs]})
-            print(f"{label} target {target}: TPOT P99 {s['tpot_p99_ms']:.1f} ms, TTFT P99 "
+            print(f"{label} target {target} ({when}): TPOT P99 {s['tpot_p99_ms']:.1f} ms, TTFT P99 "
                   f"{s['ttft_p99_ms']:.0f} ms, {s['out_tok_s']:.1f} tok/s, {s['preemptions']} preemptions",
                   flush=True)
     cmd = "python bench/sched_sim.py " + " ".join(argv if argv is not None else sys.argv[1:])
