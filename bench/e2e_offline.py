@@ -9,7 +9,9 @@ the contest's decode; TTFT is eager prefill (the same for every build except att
   TTFT(n) = best of 2 wall times of a 1-token request with a fresh n-token prompt
   TPOT(n) = (wall time of a 1+OUT-token request - TTFT(n)) / OUT, best of 2
 
-Configurations: NAME=VARIANT:BACKEND:KV_DTYPE, e.g. base=base:TRITON_ATTN:auto full-int8=full:DCU_TRITON_ATTN:int8_per_token_head.
+Configurations: NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE[,KEY=VALUE...]], e.g. base=base:TRITON_ATTN:auto
+full-int8=full:DCU_TRITON_ATTN:int8_per_token_head bm64=full:DCU_TRITON_ATTN:auto:VLLM_DCU_PREFILL_BLOCK_M=64 (the
+optional part sets environment variables of that configuration's process).
 The first configuration is the baseline of the ratios. Writes <date>-<gpu>-e2e-offline.{json,md} into $OUT
 (default bench/results/) and prints the table last.
 """
@@ -74,13 +76,14 @@ def worker(cfg: dict) -> None:
     import vllm
 
     print("RESULT " + json.dumps(dict(name=cfg["name"], variant=cfg["variant"], version=vllm.__version__,
-                                      backend=cfg["backend"], kv=cfg["kv"], start_s=round(start_s, 1), rows=rows)),
+                                      backend=cfg["backend"], kv=cfg["kv"], env=cfg["env"], start_s=round(start_s, 1),
+                                      rows=rows)),
           flush=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("configs", nargs="*", help="NAME=VARIANT:BACKEND:KV_DTYPE (first = baseline)")
+    ap.add_argument("configs", nargs="*", help="NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE,...] (first = baseline)")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--inputs", default="4096,8192,16384,32000")
     ap.add_argument("--out-tokens", type=int, default=128)
@@ -99,24 +102,65 @@ def main() -> int:
     for spec in args.configs:
         try:
             name, rest = spec.split("=", 1)
-            variant, backend, kv = rest.split(":")
+            variant, backend, kv, *extra = rest.split(":", 3)
+            env_extra = dict(kv_pair.split("=", 1) for kv_pair in extra[0].split(",")) if extra else {}
+            if not all(k.isidentifier() for k in env_extra):
+                raise ValueError(spec)
         except ValueError:
-            print(f"e2e_offline: error: bad configuration {spec!r}; expected NAME=VARIANT:BACKEND:KV_DTYPE",
-                  file=sys.stderr)
+            print(f"e2e_offline: error: bad configuration {spec!r}; expected "
+                  "NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE,...]", file=sys.stderr)
             return 2
         if variant not in harness.variants():
             print(f"e2e_offline: error: unknown variant {variant!r}; bundle has {harness.variants()}", file=sys.stderr)
             return 2
-        cfgs.append(dict(name=name, variant=variant, backend=backend, kv=kv, layers=args.layers,
+        cfgs.append(dict(name=name, variant=variant, backend=backend, kv=kv, env=env_extra, layers=args.layers,
                          inputs=[int(x) for x in args.inputs.split(",")], out_tokens=args.out_tokens,
                          max_len=max(int(x) for x in args.inputs.split(",")) + args.out_tokens + 64,
                          model_dir=f"/tmp/e2e-model-l{args.layers}"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+
+    def write(results: list[dict]) -> str:
+        """Write the JSON and table of the configurations done so far (after each: a cut run keeps them)."""
+        gpu = "unknown"
+        try:
+            import torch
+
+            gpu = torch.cuda.get_device_name(0)
+        except Exception:
+            pass
+        cmd = "bash ci/gpu/run.sh python bench/e2e_offline.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        stem = f"{datetime.date.today().isoformat()}-{gpu.lower().replace('nvidia ', '').replace(' ', '-')}-e2e-offline"
+        results_io = _load("results_io", REPO / "kernels" / "results_io.py")
+        doc = dict(command=cmd, gpu=gpu, layers=args.layers, out_tokens=args.out_tokens, results=results)
+        results_io.write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
+        base = results[0] if not results[0].get("failed") else None
+        lines = [f"# Concurrency-1 end to end, offline engine: {gpu}", "", f"Command: `{cmd}`", "",
+                 f"{args.layers} layers (dummy Qwen3.5-27B shapes), compilation mode NONE + full CUDA graphs for "
+                 f"decode, TPOT over {args.out_tokens} tokens; ratios are to `{results[0]['name']}` "
+                 "(lower is better).", "",
+                 "| config | backend | kv | env | input | TTFT ms | TPOT ms | TTFT x base | TPOT x base |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        for r in results:
+            if r.get("failed"):
+                lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | | FAILED | | | | |")
+                continue
+            for row in r["rows"]:
+                b = next((x for x in base["rows"] if x["input"] == row["input"]), None) if base else None
+                rt = f"{row['ttft_ms'] / b['ttft_ms']:.3f}" if b else "-"
+                rp = f"{row['tpot_ms'] / b['tpot_ms']:.3f}" if b else "-"
+                env_s = " ".join(f"{k}={v}" for k, v in (r.get("env") or {}).items()) or "-"
+                lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | {env_s} | {row['input']} | "
+                             f"{row['ttft_ms']} | {row['tpot_ms']} | {rt} | {rp} |")
+        md = "\n".join(lines) + "\n"
+        results_io.write_text(out / f"{stem}.md", md)
+        return md
+
     results = []
     for cfg in cfgs:
         env = harness.variant_env(cfg["variant"], inprocess=True)
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        env.update(cfg["env"])
         t = time.perf_counter()
         try:
             p = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env, capture_output=True,
@@ -132,36 +176,7 @@ def main() -> int:
             res = dict(name=cfg["name"], variant=cfg["variant"], backend=cfg["backend"], kv=cfg["kv"], failed=True,
                        log_tail=tail)
         results.append(res)
-    gpu = "unknown"
-    try:
-        import torch
-
-        gpu = torch.cuda.get_device_name(0)
-    except Exception:
-        pass
-    cmd = "bash ci/gpu/run.sh python bench/e2e_offline.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    stem = f"{datetime.date.today().isoformat()}-{gpu.lower().replace('nvidia ', '').replace(' ', '-')}-e2e-offline"
-    results_io = _load("results_io", REPO / "kernels" / "results_io.py")
-    results_io.write_text(out / f"{stem}.json", json.dumps(dict(command=cmd, gpu=gpu, layers=args.layers,
-                                                                out_tokens=args.out_tokens, results=results), indent=1))
-    base = results[0] if not results[0].get("failed") else None
-    lines = [f"# Concurrency-1 end to end, offline engine: {gpu}", "", f"Command: `{cmd}`", "",
-             f"{args.layers} layers (dummy Qwen3.5-27B shapes), compilation mode NONE + full CUDA graphs for decode, "
-             f"TPOT over {args.out_tokens} tokens; ratios are to `{results[0]['name']}` (lower is better).", "",
-             "| config | backend | kv | input | TTFT ms | TPOT ms | TTFT x base | TPOT x base |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        if r.get("failed"):
-            lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | FAILED | | | | |")
-            continue
-        for row in r["rows"]:
-            b = next((x for x in base["rows"] if x["input"] == row["input"]), None) if base else None
-            rt = f"{row['ttft_ms'] / b['ttft_ms']:.3f}" if b else "-"
-            rp = f"{row['tpot_ms'] / b['tpot_ms']:.3f}" if b else "-"
-            lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | {row['input']} | {row['ttft_ms']} | "
-                         f"{row['tpot_ms']} | {rt} | {rp} |")
-    md = "\n".join(lines) + "\n"
-    results_io.write_text(out / f"{stem}.md", md)
+        md = write(results)
     print(md, flush=True)
     return 0 if all(not r.get("failed") for r in results) else 1
 
