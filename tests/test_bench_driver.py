@@ -333,3 +333,14 @@ def test_server_counters_are_summed_over_label_sets_and_reported_as_increases():
     assert serve_bench.counter_increase(got, after) == {"preemptions": 3, "prefix_cache_hits": 0,
                                                          "generation_tokens": 0}
     assert serve_bench.counter_increase(None, after) is None
+
+
+@pytest.mark.parametrize("spec", ["x=full:DCU_TRITON_ATTN", "x=full:DCU_TRITON_ATTN:auto:1BAD=3",
+                                  "x=full:DCU_TRITON_ATTN:auto:NOVALUE"])
+def test_e2e_offline_rejects_a_bad_configuration_with_one_line(spec, tmp_path):
+    p = subprocess.run([sys.executable, "bench/e2e_offline.py", spec, "--out", str(tmp_path)], capture_output=True,
+                       text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        f"e2e_offline: error: bad configuration {spec!r}; expected NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE,...]"]
+    assert os.listdir(tmp_path) == []

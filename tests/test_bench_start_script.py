@@ -47,6 +47,15 @@ def test_scheduler_target_is_opt_in():
     assert argv[-2:] == ["--scheduler-tpot-target-ms", "40"]
 
 
+def test_prefill_tiles_are_opt_in_environment_settings_per_tier():
+    assert "VLLM_DCU_PREFILL" not in start("16-32K", "--print").stdout
+    env = {"PREFILL_BLOCK_M_16_32K": "64", "PREFILL_TILE_SIZE_16_32K": "16", "PREFILL_BLOCK_M_4_8K": "32"}
+    argv = shlex.split(start("16-32K", "--print", **env).stdout)
+    assert argv[:3] == ["VLLM_DCU_PREFILL_BLOCK_M=64", "VLLM_DCU_PREFILL_TILE_SIZE=16", "vllm"]
+    argv = shlex.split(start("4-8K", "--print", **env).stdout)
+    assert argv[:2] == ["VLLM_DCU_PREFILL_BLOCK_M=32", "vllm"]
+
+
 def test_all_uses_the_8_16k_settings():
     argv = shlex.split(start("all", "--print", KV_CACHE_DTYPE_8_16K="int8_per_token_head").stdout)
     assert argv[-2:] == ["--kv-cache-dtype", "int8_per_token_head"]
