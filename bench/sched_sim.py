@@ -128,12 +128,17 @@ def make_scheduler(*, hybrid: bool = False, async_sched: bool = False, target: f
                structured_output_manager=StructuredOutputManager(vllm_config), block_size=block, log_stats=True)
 
 
+STOP_TOKEN = 2  # what the simulated model emits as a request's last token when its max_tokens is only a ceiling
+
+
 def make_request(rid: str, prompt_len: int, max_tokens: int, block: int, arrival: float = 0.0,
-                 priority: int = 0) -> Request:
+                 priority: int = 0, stops: bool = False) -> Request:
+    """stops: the request ends at STOP_TOKEN (like a real model at EOS) and max_tokens is only a ceiling."""
     rng = random.Random(rid)
     prompt = [rng.randrange(1, 1000) for _ in range(prompt_len)]
-    return Request(request_id=rid, prompt_token_ids=prompt,
-                   sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True), pooling_params=None,
+    sp = (SamplingParams(max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN]) if stops
+          else SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return Request(request_id=rid, prompt_token_ids=prompt, sampling_params=sp, pooling_params=None,
                    arrival_time=arrival, priority=priority, block_hasher=get_request_block_hasher(block, sha256))
 
 
@@ -182,8 +187,14 @@ class SyntheticDevice:
 class Sim:
     """Drives a scheduler like EngineCore.step (sync) or step_with_batch_queue (async, two batches in flight)."""
 
-    def __init__(self, sched, device: SyntheticDevice | None = None, async_sched: bool = False):
+    def __init__(self, sched, device: SyntheticDevice | None = None, async_sched: bool = False,
+                 max_tokens_unset: bool = False):
+        """max_tokens_unset: requests carry the OpenAI server's default max_tokens (max_model_len - prompt) and
+        stop at their workload length with a stop token, as clients that set no max_tokens see it."""
         self.sched = sched
+        self.max_tokens_unset = max_tokens_unset
+        self.out_len: dict[str, int] = {}
+        self.emitted: dict[str, int] = {}
         self.device = device or SyntheticDevice()
         self.async_sched = async_sched
         self.now = 0.0
@@ -208,7 +219,12 @@ class Sim:
             pos = req.num_computed_tokens - n  # _update_after_schedule already advanced it
             pre = n > 1 or req.is_prefill_chunk
             batch.append((pos, n, pre))
-            tokens[rid] = [] if req.is_prefill_chunk else [7]
+            if req.is_prefill_chunk:
+                tokens[rid] = []
+            else:
+                self.emitted[rid] = self.emitted.get(rid, 0) + 1
+                last = self.max_tokens_unset and self.emitted[rid] >= self.out_len[rid]
+                tokens[rid] = [STOP_TOKEN if last else 7]
         dur = self.device.step_ms(batch) / 1e3 if batch else 0.0
         start = max(self.now, self.gpu_free)
         done = start + dur
@@ -248,7 +264,12 @@ class Sim:
             while pending and pending[0][0] <= self.now:
                 t, rid, plen, out = pending.popleft()
                 self.arrival[rid] = t
-                sched.add_request(make_request(rid, plen, out, block, arrival=t))
+                self.out_len[rid] = out
+                if self.max_tokens_unset:
+                    sched.add_request(make_request(rid, plen, sched.max_model_len - plen, block, arrival=t,
+                                                   stops=True))
+                else:
+                    sched.add_request(make_request(rid, plen, out, block, arrival=t))
             if not sched.has_requests() and not queue:
                 if not pending:
                     return self

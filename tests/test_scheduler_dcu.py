@@ -460,6 +460,36 @@ def test_on_the_dcu64_16_32k_simulation_the_gate_is_neutral_at_light_load_and_cu
         assert on["out_tok_s"] >= off["out_tok_s"]
 
 
+def test_kv_pressure_gate_is_not_fooled_by_requests_without_max_tokens(monkeypatch):
+    """Clients that set no max_tokens get the server's default (max_model_len - prompt): counted at face value,
+    every 8-16K request would look like it grows to 32K and the gate would cap a cache that has room (TPOT P99
+    1.38x worse in this workload). The gate assumes an output allowance instead: 1024 tokens until 8 requests
+    have finished, then the P90 of the last 64 output lengths."""
+    from bench.sched_sim import H200_L16, SCENARIOS as SIM_SCENARIOS, poisson_items
+
+    skw = SIM_SCENARIOS["dcu64-8-16K"][0]
+    items = poisson_items("dcu64-8-16K", 0.6, 12, 0)  # 250 output tokens each, ended by a stop token
+
+    def run(target):
+        sched = _make_scheduler(target=target, **skw)
+        sim = Sim(sched, SyntheticDevice(noise=0.3, seed=0, **H200_L16), async_sched=True, max_tokens_unset=True)
+        sim.run(items, max_steps=2_000_000)
+        assert sorted(sim.finished) == sorted(r for _, r, _, _ in items)
+        assert all(len(ts) == 250 for ts in sim.token_times.values())  # stopped by the stop token, not max_tokens
+        return sim
+
+    off = run(None)
+    on = run(30.0)
+    budget = on.sched.tpot_budget
+    assert budget.kv_pressure_steps == 0 and trace_of(on) == trace_of(off)
+    assert 245 <= budget.output_allowance() <= 250  # learned from the finished requests
+    monkeypatch.setattr(TpotBudget, "OUTPUT_PRIOR", 10 ** 9)
+    monkeypatch.setattr(TpotBudget, "OUTPUT_MIN_SAMPLES", 10 ** 9)
+    face_value = run(30.0)  # what counting max_tokens at face value does
+    assert face_value.sched.tpot_budget.kv_pressure_steps > 0
+    assert pct(list(face_value.tpot().values()), 0.99) > 1.2 * pct(list(off.tpot().values()), 0.99)
+
+
 def test_kv_oversubscribed_counts_the_blocks_each_request_still_needs():
     """Qwen3.5's hybrid cache as `vllm serve` runs it (no prefix caching: one state block per request and Gated
     DeltaNet group): an attention block per 784 tokens up to prompt + max_tokens, less what is allocated."""
