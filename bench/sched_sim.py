@@ -144,7 +144,7 @@ def make_request(rid: str, prompt_len: int, max_tokens: int, block: int, arrival
 
 def workload(n: int, prompt_range: tuple[int, int], out_range: tuple[int, int], mean_gap_s: float,
              seed: int = 0) -> list[tuple[float, str, int, int]]:
-    """(arrival_s, id, prompt_len, max_tokens), Poisson arrivals."""
+    """(arrival_s, id, prompt_len, output_len), Poisson arrivals."""
     rng = random.Random(seed)
     t, items = 0.0, []
     for i in range(n):

@@ -50,7 +50,7 @@ def _patched_tree() -> Path | None:
     try:  # a tree built from the same inputs is reused
         return vllm_dcu_build.prepared_tree(REPO / "build" / "test-tree")
     except vllm_dcu_build.BuildError as e:
-        raise pytest.UsageError(f"could not prepare the patched vLLM tree for tests: {e}") from None
+        raise pytest.UsageError(f"tests: {e}") from None  # e names the tree and carries the build's output
 
 
 _TREE = _patched_tree()

@@ -6,8 +6,9 @@ S and P (the default for bf16) and, for comparison, to dequantized K/V tiles.
         [--prefill 4096 [--prefill-block-m 32,64]]
 
 Needs the patched vLLM on PYTHONPATH (the GPU harness variant). Each point is a CUDA-graph replay of one
-layer's decode step (one query token per sequence; with --prefill also one sequence's prefill chunk; 24 q / 4 kv heads x 256; block 1552 for the 8-bit
-dtypes, 784 for bf16, as vLLM picks them for Qwen3.5-27B), median of triton.testing.do_bench.
+layer's decode step (one query token per sequence; with --prefill also one sequence's prefill chunk; 24 q / 4 kv
+heads x 256; block 1552 for the 8-bit dtypes, 784 for bf16, as vLLM picks them for Qwen3.5-27B), median of
+triton.testing.do_bench.
 Bytes = KV cache bytes read (codes + scales). Writes ``<date>-<gpu>-kv-decode-attention.{json,md}`` into
 ``--out`` (default ``$OUT`` or bench/results/) and prints the table last.
 """

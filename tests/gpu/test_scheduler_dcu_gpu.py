@@ -1,10 +1,11 @@
 """Patch 0004 on a GPU: the TPOT-targeted prefill budget against the real engine's step times.
 
-One engine (in a child process; 16-layer Qwen3.5-27B-shaped dummy model, TRITON_ATTN, torch.compile + CUDA graphs, prefix
-caching on, hence Qwen3.5's "align" mode) serves the same staggered long-prompt workload twice: once with the
+One engine (in a child process; 16-layer Qwen3.5-27B-shaped dummy model, TRITON_ATTN, torch.compile + CUDA graphs,
+prefix caching on, hence Qwen3.5's "align" mode) serves the same staggered long-prompt workload twice: once with the
 scheduler's budget object removed (upstream scheduling, which the CPU tests prove identical) and once with a
-target set to a third of the first run's inter-token latency P99 (at least 2.5x its median). Inter-token latency (ITL), per-request TPOT,
-TTFT and output tokens/s come from token arrival times as the engine hands them out.
+target set to a third of the first run's inter-token latency P99 (at least 2.5x its median), the cap applied in
+every step with a decode (cap_when "always": the cap itself is under test). Inter-token latency (ITL), per-request
+TPOT, TTFT and output tokens/s come from token arrival times as the engine hands them out.
 
 Writes <date>-<gpu>-sched-tpot.{json,md} into $OUT (default bench/results/), prints the table, and records the
 key numbers in the GPU smoke report. About 3-4 minutes on one H200 (engine start with compile + graphs included).
