@@ -375,7 +375,7 @@ def check_args(a) -> None:
 def make_plan(a, baseline: str, others: list[str]) -> list[dict]:
     """Server runs in order: [{"variant", "repeat"}]; baseline first (and last), or only last (--baseline-last)."""
     chunk = step_chunk(others, a.step_k, a.step_n) if others else []
-    if getattr(a, "baseline_last", False):
+    if a.baseline_last:
         return [{"variant": v, "repeat": 0} for v in chunk] + [{"variant": baseline, "repeat": 0}]
     plan = [{"variant": baseline, "repeat": 0}]
     plan += [{"variant": v, "repeat": 0} for v in chunk]
