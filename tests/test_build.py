@@ -30,7 +30,7 @@ VERSION_RE = re.compile(r"^0\.18\.1\+dcu\.(\d+)\.([0-9a-f]{8})$")
 def copy_repo(dst: Path) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / "build.sh", dst / "build.sh")
-    for d in ("tools", "vendor", "patches", "kernels"):
+    for d in ("tools", "vendor", "patches", "kernels", "dcu"):
         shutil.copytree(REPO / d, dst / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dst
 
@@ -114,6 +114,7 @@ def test_wheel_is_complete_and_record_matches(built):
         assert dist_info == f"vllm-{version}.dist-info"
         assert f"Version: {version}" in zf.read(f"{dist_info}/METADATA").decode()
         assert "vllm/_C.abi3.so" in names and "vllm/dcu_kernels/__init__.py" in names
+        assert "vllm/dcu/__init__.py" in names
         rows = list(csv.reader(io.StringIO(zf.read(f"{dist_info}/RECORD").decode())))
         record = {r[0]: r for r in rows if r}
         assert set(record) == names

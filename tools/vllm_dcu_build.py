@@ -8,7 +8,7 @@ build.sh calls this file; every verb prints one line per step. The recipe:
   unpack   extract the wheel's files into build/tree (compiled *.so stay in the wheel and are carried over
            byte for byte when packing), make the tree a git repository with a base commit
   apply    apply patches/series in order, no fuzz, one commit per patch (message = the patch's Subject)
-  kernels  copy kernels/ into the tree as the package vllm.dcu_kernels
+  kernels  copy kernels/ and dcu/ into the tree as the packages vllm.dcu_kernels and vllm.dcu
   stamp    write vllm/dcu_patchset.json and the PEP 440 version 0.18.1+dcu.<n>.<hash>
   pack     write the wheel (RECORD rebuilt) to a temporary name in dist/, then rename it
 
@@ -326,22 +326,30 @@ def apply_patch(tree: Path, patch: Patch) -> None:
         f"{patch.subject}\n\nPatch-Name: {patch.name}\nPatch-Sha256: {patch.sha256}")
 
 
+# Repository folders installed into the tree as packages of vllm (the only code of ours outside patches/):
+# kernels/ holds the Triton kernels, dcu/ the vLLM-side modules the patches' hooks import. Both ship in every
+# build; without the hooks that import them they are inert.
+PACKAGES = (("kernels", "dcu_kernels"), ("dcu", "dcu"))
+
+
 def install_kernels(repo: Path, pkg_root: Path) -> str:
-    src = repo / "kernels"
-    if not (src / "__init__.py").is_file():
-        raise BuildError("kernels/__init__.py is missing")
-    dst = pkg_root / "vllm" / "dcu_kernels"
-    if dst.exists():
-        shutil.rmtree(dst)
+    """Copy every folder of PACKAGES into vllm/<name>/; return one sha256 over all of them."""
     h = hashlib.sha256()
-    for f in sorted(src.rglob("*")):
-        rel = f.relative_to(src)
-        if "__pycache__" in rel.parts or f.suffix == ".pyc" or f.is_dir():
-            continue
-        out = dst / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(f, out)
-        h.update(str(rel).encode() + b"\0" + f.read_bytes() + b"\0")
+    for folder, name in PACKAGES:
+        src = repo / folder
+        if not (src / "__init__.py").is_file():
+            raise BuildError(f"{folder}/__init__.py is missing")
+        dst = pkg_root / "vllm" / name
+        if dst.exists():
+            shutil.rmtree(dst)
+        for f in sorted(src.rglob("*")):
+            rel = f.relative_to(src)
+            if "__pycache__" in rel.parts or f.suffix == ".pyc" or f.is_dir():
+                continue
+            out = dst / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, out)
+            h.update(f"{name}/{rel}".encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
 
@@ -366,7 +374,8 @@ def patchset_record(base_name: str, base_sha: str, base_version: str, version: s
         "version": version,
         "base": {"name": base_name, "version": base_version, "sha256": base_sha},
         "patches": [{"name": p.name, "subject": p.subject, "sha256": p.sha256} for p in patches],
-        "kernels": {"package": "vllm.dcu_kernels", "sha256": kernels_sha},
+        "kernels": {"package": "vllm.dcu_kernels", "packages": [f"vllm.{b}" for _, b in PACKAGES],
+                    "sha256": kernels_sha},
     }
 
 
@@ -577,7 +586,7 @@ def install_and_record(repo: Path, tree: Path, base_name: str, base_sha: str, ba
                        patches: list[Patch]) -> str:
     """Install kernels/ into the tree and write vllm/dcu_patchset.json; return the build's version."""
     kernels_sha = install_kernels(repo, tree)
-    log(f"kernels kernels/ -> vllm/dcu_kernels (sha256 {kernels_sha[:12]})")
+    log(f"kernels {', '.join(f'{a}/ -> vllm/{b}' for a, b in PACKAGES)} (sha256 {kernels_sha[:12]})")
     version = make_version(base_version, patches, kernels_sha)
     write_patchset_json(tree, patchset_record(base_name, base_sha, base_version, version, patches, kernels_sha))
     return version
@@ -607,8 +616,8 @@ def check_series(repo: Path, base: Base, patches: list[Patch], tree: Path) -> li
     return results
 
 
-# Files the build writes into the tree after the patches (version stamp, patch-set record); kernels/ goes to
-# vllm/dcu_kernels/. A patch must never carry them.
+# Files the build writes into the tree after the patches (version stamp, patch-set record); PACKAGES go to
+# vllm/dcu_kernels/ and vllm/dcu/. A patch must never carry them.
 STAMPED_FILES = ("vllm/_version.py", "vllm/dcu_patchset.json")
 
 
@@ -629,7 +638,7 @@ def refresh(repo: Path, tree: Path) -> None:
                              f"add one to its message")
         name = m.group(1)
         stamped = [f for f in git(tree, "diff", "--name-only", f"{rev}^", rev).stdout.split()
-                   if f in STAMPED_FILES or f.startswith("vllm/dcu_kernels/")]
+                   if f in STAMPED_FILES or any(f.startswith(f"vllm/{b}/") for _, b in PACKAGES)]
         if stamped:
             raise BuildError(f"commit {rev[:10]} ({name}) changes {', '.join(stamped)}, which the build writes "
                              f"itself (a build ran in the edit tree?); restore with `git -C {tree} checkout "
@@ -714,7 +723,7 @@ def build_source(repo: Path, src: Path, patches: list[Patch], out_dir: Path, wor
 def tree_inputs_hash(repo: Path = REPO) -> str:
     """Hash of everything a patched tree is made from (this tool, the pins, the series, patches, kernels)."""
     h = hashlib.sha256()
-    for sub in ("tools", "vendor", "patches", "kernels"):
+    for sub in ("tools", "vendor", "patches") + tuple(a for a, _ in PACKAGES):
         for f in sorted((repo / sub).rglob("*")):
             if f.is_file() and "__pycache__" not in f.parts:
                 h.update(str(f.relative_to(repo)).encode() + b"\0" + f.read_bytes())
