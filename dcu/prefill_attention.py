@@ -1,0 +1,175 @@
+"""Route unified attention's launches with prefill to vllm.dcu_kernels.prefill_attention, and warm it at start.
+
+Patch 0006's hooks call the two public names here:
+
+* ``route_unified_attention(upstream)`` wraps ``triton_unified_attention.unified_attention``: a launch with prefill
+  (``max_seqlen_q > 1``: prefill chunks and mixed batches, decode rows included) whose features the kernel covers
+  goes to the prefill kernel; everything else (decode-only launches, ALiBi, sliding window, soft cap, sinks,
+  fused output quantization, per-tensor fp8 caches, head sizes over 256, batch-invariant mode) goes to upstream
+  unchanged. ``VLLM_DCU_PREFILL_ATTN=0`` sends everything to upstream.
+* ``warmup(...)`` runs the kernel once on a small batch with the engine's cache layout when the attention
+  metadata builder is made (after the KV cache exists, before CUDA graphs are captured), so the one Triton
+  specialization a request can meet is compiled before the engine serves: the kernel specializes on nothing
+  that changes between requests (chunk lengths, history lengths, batch size are runtime values).
+
+No vLLM import at module level: the routing rules are tested without a vLLM tree.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+
+import torch
+
+ENV_VAR = "VLLM_DCU_PREFILL_ATTN"
+MAX_HEAD_SIZE = 256
+_DTYPES = (torch.float16, torch.bfloat16)
+
+log = logging.getLogger("vllm.dcu.prefill_attention")
+
+
+def enabled(env=None) -> bool:
+    """``VLLM_DCU_PREFILL_ATTN``: unset or 1 = on, 0 = off; anything else fails naming the allowed values."""
+    raw = (os.environ if env is None else env).get(ENV_VAR, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{ENV_VAR}={raw!r}: supported values are 1 (default) and 0")
+    return raw != "0"
+
+
+def _kernels():
+    try:  # inside the wheel
+        from vllm.dcu_kernels.kv_quant.layout import kv_quant_kind
+        from vllm.dcu_kernels.prefill_attention import MAX_GROUP, prefill_attention
+    except ImportError:  # the repository (tests)
+        from kernels.kv_quant.layout import kv_quant_kind
+        from kernels.prefill_attention import MAX_GROUP, prefill_attention
+    return prefill_attention, MAX_GROUP, kv_quant_kind
+
+
+def unsupported(kw: dict) -> str | None:
+    """Why the prefill kernel cannot take this ``unified_attention`` call (its keyword arguments), or None."""
+    q, k = kw["q"], kw["k"]
+    _, max_group, _ = _kernels()
+    if not kw.get("causal", True):
+        return "non-causal"
+    if kw.get("alibi_slopes") is not None:
+        return "ALiBi"
+    if kw.get("sinks") is not None:
+        return "sinks"
+    if kw.get("softcap"):
+        return "soft cap"
+    window = kw.get("window_size")
+    if window is not None and tuple(window) != (-1, -1):
+        return "sliding window"
+    if kw.get("output_scale") is not None:
+        return "fused output quantization"
+    if kw.get("qq_bias") is not None:
+        return "qq_bias"
+    if kw.get("mm_prefix_range") is not None:
+        return "multimodal prefix ranges"
+    if kw.get("q_descale") is not None:
+        return "fp8 queries"
+    if q.dtype not in _DTYPES:
+        return f"query dtype {q.dtype}"
+    kv_quant = kw.get("kv_quant")
+    if kv_quant is not None:
+        if kv_quant not in ("fp8", "int8") or kw.get("k_scale_cache") is None:
+            return f"kv_quant {kv_quant!r}"
+    elif k.dtype != q.dtype:
+        return f"cache dtype {k.dtype} (per-tensor fp8)"
+    if q.shape[-1] > MAX_HEAD_SIZE:
+        return f"head size {q.shape[-1]} > {MAX_HEAD_SIZE}"
+    hkv = k.shape[2]
+    if q.shape[1] % hkv or q.shape[1] // hkv > max_group:
+        return f"{q.shape[1]} q heads over {hkv} kv heads"
+    return None
+
+
+def _batch_invariant() -> bool:
+    try:
+        from vllm.model_executor.layers.batch_invariant import vllm_is_batch_invariant
+    except ImportError:
+        return False
+    return bool(vllm_is_batch_invariant())
+
+
+def route_unified_attention(upstream):
+    """``upstream`` (0.18.1's unified_attention) with launches that carry prefill sent to the prefill kernel."""
+    on = enabled()  # read once, at import of the patched module: a bad value fails at startup
+
+    @functools.wraps(upstream)
+    def unified_attention(**kw):
+        if not on or kw["max_seqlen_q"] <= 1 or unsupported(kw) is not None or _batch_invariant():
+            return upstream(**kw)
+        prefill_attention, _, _ = _kernels()
+        kv_quant = kw.get("kv_quant")
+        return prefill_attention(
+            kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"], kw["block_table"],
+            kw["softmax_scale"], k_scales=kw.get("k_scale_cache") if kv_quant else None,
+            v_scales=kw.get("v_scale_cache") if kv_quant else None, kv_quant=kv_quant,
+            software_fp8=kw.get("software_fp8"),
+        )
+
+    unified_attention.dcu_upstream = upstream
+    return unified_attention
+
+
+_WARM: set = set()
+
+
+def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dtype, cache_dtype: str,
+           block_size: int, device) -> float | None:
+    """Compile the prefill kernel for this engine's attention shape and cache layout now; the seconds it took,
+    or None when there is nothing to warm (kernel off, unsupported shape, not a GPU). Runs a batch of a
+    prefill chunk with history (both stages) and a decode row, on a cache laid out like vLLM's."""
+    device = torch.device(device)
+    if not enabled() or device.type != "cuda" or dtype not in _DTYPES or head_size > MAX_HEAD_SIZE:
+        return None
+    prefill_attention, max_group, kv_quant_kind = _kernels()
+    kv_quant = kv_quant_kind(cache_dtype)
+    if kv_quant is None and cache_dtype not in ("auto", "bfloat16", "float16"):
+        return None
+    if num_heads_q % num_heads_kv or num_heads_q // num_heads_kv > max_group:
+        return None
+    key = (num_heads_q, num_heads_kv, head_size, dtype, kv_quant, block_size, device)
+    if key in _WARM:
+        return 0.0
+    t0 = time.perf_counter()
+    lens, chunks = [block_size + 37, 5], [67, 1]  # a chunk after a history that spills into a second page; a decode
+    num_blocks = sum(-(-n // block_size) for n in lens) + 1
+    table = torch.zeros(len(lens), num_blocks, dtype=torch.int32, device=device)
+    used = 0
+    for s, n in enumerate(lens):
+        pages = -(-n // block_size)
+        table[s, :pages] = torch.arange(used, used + pages, dtype=torch.int32, device=device)
+        used += pages
+    cu = torch.tensor([0, chunks[0], chunks[0] + chunks[1]], dtype=torch.int32, device=device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = torch.randn(sum(chunks), num_heads_q, head_size, device=device).to(dtype)
+    out = torch.empty_like(q)
+    if kv_quant is None:
+        kv = torch.randn(num_blocks, 2, block_size, num_heads_kv, head_size, device=device).to(dtype)
+        k, v = kv.unbind(1)
+        scales = {}
+    else:
+        try:
+            from vllm.dcu_kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
+        except ImportError:
+            from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
+        raw = torch.randint(0, 120, kv_cache_shape(num_blocks, block_size, num_heads_kv, head_size),
+                            dtype=torch.uint8, device=device)
+        k, v, ks, vs = split_kv_cache(raw, head_size)
+        ks.fill_(0.01)
+        vs.fill_(0.01)
+        scales = dict(k_scales=ks, v_scales=vs)
+    prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant, **scales)
+    torch.cuda.synchronize(device)
+    if not torch.isfinite(out).all():
+        raise RuntimeError("vllm-dcu prefill attention warmup produced non-finite output")
+    _WARM.add(key)
+    seconds = time.perf_counter() - t0
+    log.info("vllm-dcu: prefill attention kernel ready (%s KV, block %d, %d/%d heads x %d) in %.1f s",
+             kv_quant or str(dtype).replace("torch.", ""), block_size, num_heads_q, num_heads_kv, head_size, seconds)
+    return seconds

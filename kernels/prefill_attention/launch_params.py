@@ -1,0 +1,143 @@
+"""Launch parameters of the prefill attention kernel, as data: one entry per target.
+
+Keys of an entry: ``measured`` (from a benchmark on that target, or chosen on paper), and ``kv16`` / ``kv8``:
+the Triton launch for 2-byte (bf16/fp16) and 1-byte (fp8/int8 per-token-head) caches:
+  BLOCK_M    query rows per program (query tokens x the q heads of one kv head; the launcher raises it to the
+             group size's power of two when smaller)
+  BLOCK_N    keys per tile
+  num_warps, num_stages, and on ROCm waves_per_eu, matrix_instr_nonkdim.
+
+``VLLM_DCU_PREFILL_PARAMS`` overrides values for the current target, e.g. ``'{"BLOCK_M": 64}'`` (both widths),
+``'{"kv8": {"BLOCK_N": 32}}'``, or ``'{"matrix_instr_nonkdim": null}'`` (drop a ROCm option a Triton build does
+not accept). Read once per target and override text; a bad value fails at startup naming what is allowed.
+``python -m kernels.prefill_attention.bench`` sweeps them on the device it runs on and prints an entry.
+"""
+import json
+import os
+
+from ..decode_attention.launch_params import current_target
+
+ENV_VAR = "VLLM_DCU_PREFILL_PARAMS"
+_LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim")
+_ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
+_POW2 = {"BLOCK_M": (16, 256), "BLOCK_N": (16, 256), "num_warps": (1, 16)}
+
+# DCU (gfx928 / gfx936): wave64, 64 KiB LDS per CU, no fp8 hardware. Chosen on paper:
+# - BLOCK_M 64 (10 tokens x 6 q heads): a peer team measured BLOCK_M 64 vs 32 as 37% less prefill attention
+#   time on a gfx936 at a 4096-token chunk; 128 needs more VGPRs than a wave64 SIMD gives at head_dim 256.
+# - BLOCK_N 16: at head_dim 256 a 16-key K or V tile is 8 KiB in bf16; the same team measured a 16-wide KV
+#   tile 2.6-2.8x faster than 32-wide there (LDS pressure: ~2 waves per SIMD instead of 1).
+# - num_warps 4 (4 wave64 = 256 lanes), num_stages 1 (no second LDS buffer), matrix_instr_nonkdim 16 for the
+#   16x16x16 MMAC; waves_per_eu 1: LDS, not VGPRs, limits occupancy at these tiles.
+_DCU = {
+    "measured": False,
+    "kv16": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
+             "matrix_instr_nonkdim": 16},
+    "kv8": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
+            "matrix_instr_nonkdim": 16},
+}
+
+PARAMS = {
+    # H200 (sm90, 132 SMs, 227 KiB shared memory per block): to be replaced by bench.py's sweep
+    "sm90": {
+        "measured": False,
+        "kv16": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+        "kv8": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    },
+    "gfx936": _DCU,
+    "gfx928": _DCU,
+    # anything else: conservative values valid on every target
+    "cuda": {
+        "measured": False,
+        "kv16": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+        "kv8": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+    },
+    "rocm": _DCU,
+    # Triton CPU interpreter (tests): small tiles
+    "interpreter": {
+        "measured": False,
+        "kv16": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+        "kv8": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+    },
+}
+
+
+def _fail(where: str, msg: str):
+    raise ValueError(f"{where}: {msg}")
+
+
+def _parse_override(text: str) -> dict:
+    try:
+        override = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{ENV_VAR} is not valid JSON ({e.msg} at char {e.pos}): {text!r}") from None
+    if not isinstance(override, dict):
+        raise ValueError(f"{ENV_VAR} must be a JSON object, got {text!r}")
+    allowed = set(_LAUNCH_KEYS) | {"kv16", "kv8"}
+    unknown = sorted(set(override) - allowed)
+    if unknown:
+        raise ValueError(f"{ENV_VAR}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    for sub in ("kv16", "kv8"):
+        if sub in override and (not isinstance(override[sub], dict) or set(override[sub]) - set(_LAUNCH_KEYS)):
+            raise ValueError(f"{ENV_VAR}: '{sub}' must be an object with keys from {list(_LAUNCH_KEYS)}")
+    return override
+
+
+def check_launch(launch: dict, where: str, rocm: bool) -> None:
+    """Raise ValueError naming the bad key unless ``launch`` is a valid kv16/kv8 entry for the target."""
+    missing = [k for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages") if k not in launch]
+    if missing:
+        _fail(where, f"missing {missing}")
+    for key, val in launch.items():
+        if key not in _LAUNCH_KEYS:
+            _fail(where, f"unknown key {key!r}; allowed: {list(_LAUNCH_KEYS)}")
+        if key in _ROCM_ONLY and not rocm:
+            _fail(where, f"{key} is a ROCm-only option")
+        if not isinstance(val, int) or isinstance(val, bool) or val < (0 if key == "waves_per_eu" else 1):
+            _fail(where, f"{key} must be a positive integer, got {val!r}")
+        if key in _POW2:
+            lo, hi = _POW2[key]
+            if val < lo or val > hi or val & (val - 1):
+                _fail(where, f"{key} must be a power of two in [{lo}, {hi}], got {val}")
+
+
+_CACHE: dict = {}
+
+
+def get_params(target: str, override: str | None = None) -> dict:
+    """The entry for ``target`` with ``VLLM_DCU_PREFILL_PARAMS`` (or ``override``) applied, validated and cached.
+    Callers must not modify the returned dict."""
+    text = os.environ.get(ENV_VAR, "") if override is None else override
+    key = (target, text)
+    if key not in _CACHE:
+        _CACHE[key] = _build(target, text)
+    return _CACHE[key]
+
+
+def _build(target: str, text: str) -> dict:
+    if target not in PARAMS:
+        raise ValueError(f"no prefill-attention launch parameters for target {target!r}; known: {sorted(PARAMS)}")
+    entry = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PARAMS[target].items()}
+    where = f"prefill-attention params for {target}"
+    if text.strip():
+        ov = _parse_override(text)
+        where += f" with {ENV_VAR}={text}"
+        for key, val in ov.items():
+            if key in ("kv16", "kv8"):
+                entry[key].update(val)
+            else:
+                entry["kv16"][key] = val
+                entry["kv8"][key] = val
+        for sub in ("kv16", "kv8"):  # null drops an option
+            for key in [k for k, v in entry[sub].items() if v is None]:
+                if key not in _ROCM_ONLY:
+                    _fail(where, f"only {list(_ROCM_ONLY)} can be dropped with null, not {key}")
+                del entry[sub][key]
+        entry["measured"] = False
+    rocm = target.startswith("gfx") or target == "rocm"
+    for sub in ("kv16", "kv8"):
+        check_launch(entry[sub], f"{where} ({sub})", rocm)
+    return entry
+
+
+__all__ = ["ENV_VAR", "PARAMS", "check_launch", "current_target", "get_params"]

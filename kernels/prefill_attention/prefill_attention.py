@@ -1,0 +1,325 @@
+"""Paged causal attention for prefill chunks (and the rows of mixed batches) over a vLLM KV cache.
+
+One program per (query tile, kv head). A query tile packs BLOCK_Q consecutive tokens of one sequence x
+the GROUP query heads that share a kv head (Qwen3.5-27B: 6), row r = token r // GROUP, head r % GROUP, so
+BLOCK_M = BLOCK_Q * GROUP rows (rounded up to a power of two) read each K/V tile once. A chunk of
+``query_len`` tokens that follows ``context_len`` cached tokens is the keys' range
+``[0, context_len + query_len)``; for a tile whose first query token is t0:
+
+* keys ``< context_len + t0`` are visible to every row: stage 1 walks them in full BLOCK_N tiles with no
+  mask at all (the block table is read once per tile: one or two pages);
+* the rest, up to the tile's last query token, is the causal diagonal: stage 2, with the causal mask.
+
+Loads are never masked: a key index past the sequence re-reads its last token (finite memory), and its score
+is masked. Online softmax in base 2 with the scale folded in; the accumulator is kept normalized (each step
+rescales it by l_old / l_new and adds P / l_new times V), so it is a convex combination of V rows and cannot
+overflow for any finite V, and scores that overflow float32 saturate: every finite input gives a finite
+output. Tiles are launched heaviest first (the last query tiles of each sequence see the most keys), which
+shortens the tail of a launch.
+
+Quantized caches (kv_quant "fp8" / "int8", docs/kv-cache-layout.md): uint8 codes become fp16 exactly
+(e4m3 value / 256, int8 value / 128; the decode kernel's conversions, PTX on CUDA) and both products run in
+fp16. Q is multiplied by a power of two that puts max|q| of the tile at 2^12 (exact; undone in S). The K
+scales multiply the columns of S. The V scales multiply the columns of P after dividing by the tile's
+largest V scale, so P stays in [0, 1] in fp16 (no overflow for any finite V); that largest scale is carried
+in the accumulator's running factor, not in P. Each 8-bit tile is converted once per query tile (BLOCK_M
+rows share it).
+
+Grid: ``(num_tokens // BLOCK_Q + num_seqs, kv_heads)``; a program finds its sequence by binary search over
+``cu_seqlens_q`` (no host sync, so the launch needs only host-known sizes). Programs past the last tile
+return at once.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..decode_attention.decode_attention import _codes_to_f16, _pow2_fp16_scale, _use_ptx
+from ..fp8_e4m3 import use_software_fp8
+from . import launch_params
+
+_LOG2E = 1.4426950408889634
+_KV_QUANT = {None: 0, "fp8": 1, "int8": 2}
+MAX_GROUP = 16  # query heads per kv head the launcher accepts
+
+
+@triton.jit
+def _find_seq(cu_q_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
+    """Largest s with cu_q[s] // BLOCK_Q + s <= q_block: the sequence whose tiles hold global tile q_block."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        start = tl.load(cu_q_ptr + mid) // BLOCK_Q + mid
+        if start <= q_block:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.constexpr,
+             PAGE_GE_TILE: tl.constexpr):
+    """(physical page, slot) of each token of KV tile ``tile``; tokens past ``last`` read ``last``."""
+    tok = tl.minimum(tile * BLOCK_N + offs_n, last)
+    if PAGE_GE_TILE:
+        # a tile touches at most two pages: two scalar block-table reads, no per-token division
+        page0 = (tile * BLOCK_N) // block_size
+        phys0 = tl.load(bt_row + page0).to(tl.int64)
+        phys1 = tl.load(bt_row + tl.minimum(page0 + 1, last_page)).to(tl.int64)
+        slot = tok - page0 * block_size
+        second = slot >= block_size
+        slot = tl.where(second, slot - block_size, slot)
+        phys = tl.where(second, phys1, phys0)
+    else:
+        page = tok // block_size
+        slot = tok - page * block_size
+        phys = tl.load(bt_row + page).to(tl.int64)
+    return phys, slot
+
+
+@triton.jit
+def _attend_tile(
+    tile, q, m_i, l_i, acc, u_i, q_pos,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+    offs_n, offs_d,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
+    CAUSAL: tl.constexpr, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
+):  # fmt: skip
+    """One BLOCK_N tile of keys for all rows: online-softmax update of (m_i, l_i, acc, u_i)."""
+    phys, slot = _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N, PAGE_GE_TILE)
+    if HEAD_DIM == BLOCK_D:
+        d_mask = None
+        d_other = None
+    else:
+        d_mask = offs_d[:, None] < HEAD_DIM
+        d_other = 0
+    # K as [BLOCK_D, BLOCK_N] (head_dim contiguous down the columns): the dot's B operand as is
+    k_off = phys * stride_kb + slot * stride_kt + kv_head * stride_kh
+    k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=d_mask, other=d_other)
+    if KV_QUANT != 0:
+        k = _codes_to_f16(k, KV_QUANT, FP8_SOFTWARE, PTX)
+        k_scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh)
+        s = tl.dot(q, k) * (k_scale * s_mult)[None, :]
+    else:
+        s = tl.dot(q, k) * s_mult
+    # finite inputs whose products overflow float32 saturate instead of turning into inf - inf = NaN
+    s = tl.minimum(tl.maximum(s, -3.0e38), 3.0e38)
+    if CAUSAL:
+        k_pos = tile * BLOCK_N + offs_n
+        s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, axis=1)
+    # acc stays normalized (a convex combination of V rows), so it cannot overflow for any finite V
+    r = 1.0 / l_new
+    rescale = alpha * l_i * r
+
+    v_off = phys * stride_vb + slot * stride_vt + kv_head * stride_vh
+    d_mask_v = None if HEAD_DIM == BLOCK_D else offs_d[None, :] < HEAD_DIM
+    v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=d_mask_v, other=d_other)
+    if KV_QUANT != 0:
+        v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX)
+        v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
+        # P in [0, 1] in fp16: V scales relative to this tile's largest, which goes into the running factor u
+        u_new = tl.maximum(tl.max(v_scale, axis=0), 1.1754943508222875e-38)  # scales are 0 or normal
+        p = p * r[:, None] * (v_scale / u_new)[None, :]
+        acc = acc * (rescale * (u_i / u_new))[:, None]
+        u_i = u_new
+        acc = tl.dot(p.to(tl.float16), v, acc)
+    else:
+        p = p * r[:, None]
+        acc = acc * rescale[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    l_i = l_new
+    return m_new, l_i, acc, u_i
+
+
+# Sizes that change from launch to launch are not specialized on: one compiled kernel per cache layout and
+# dtype serves every batch, so warmup() at startup compiles everything a request can meet.
+@triton.jit(do_not_specialize=["num_seqs", "total_q_blocks"])
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, cu_q_ptr, seq_lens_ptr, block_table_ptr,
+    s_mult_base, num_seqs, total_q_blocks, block_size,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+    stride_btb,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
+    KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
+):  # fmt: skip
+    q_block = total_q_blocks - 1 - tl.program_id(0)  # heaviest tiles first
+    kv_head = tl.program_id(1)
+    seq = _find_seq(cu_q_ptr, num_seqs, q_block, BLOCK_Q)
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    t0 = (q_block - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # first query token of the tile, in the chunk
+    if t0 >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    tok = t0 + offs_m // GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (tok < q_len)
+    head = kv_head * GROUP + offs_m % GROUP
+    q_pos = context_len + tok  # position of each row's token in its sequence
+    q_offs = (q_start + tok).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        qo_mask = row_ok[:, None]
+    else:
+        qo_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptr + q_offs, mask=qo_mask, other=0.0)
+    if KV_QUANT != 0:
+        q32 = q.to(tl.float32)
+        q_s, q_inv_s = _pow2_fp16_scale(q32)
+        q = (q32 * q_s).to(tl.float16)
+        if KV_QUANT == 2:
+            code_unit = 128.0
+        else:
+            code_unit = 256.0
+        s_mult = s_mult_base * code_unit * q_inv_s
+    else:
+        s_mult = s_mult_base
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    u_i = tl.full([], 1.0, dtype=tl.float32)  # running V-scale factor of acc (8-bit caches)
+
+    bt_row = block_table_ptr + seq.to(tl.int64) * stride_btb
+    last = seq_len - 1
+    last_page = last // block_size
+    # stage 1: keys every row sees (before the tile's first query token), full tiles, no masks
+    n_full = (context_len + t0) // BLOCK_N
+    for tile in range(0, n_full):
+        m_i, l_i, acc, u_i = _attend_tile(
+            tile, q, m_i, l_i, acc, u_i, q_pos,
+            k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, False, KV_QUANT, FP8_SOFTWARE, PTX,
+        )  # fmt: skip
+    # stage 2: the causal diagonal, up to the tile's last query token
+    t_last = tl.minimum(t0 + BLOCK_Q, q_len) - 1
+    n_all = tl.cdiv(context_len + t_last + 1, BLOCK_N)
+    for tile in range(n_full, n_all):
+        m_i, l_i, acc, u_i = _attend_tile(
+            tile, q, m_i, l_i, acc, u_i, q_pos,
+            k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, True, KV_QUANT, FP8_SOFTWARE, PTX,
+        )  # fmt: skip
+
+    if KV_QUANT != 0:
+        o = acc * (u_i * code_unit)
+    else:
+        o = acc
+    o_offs = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=qo_mask)
+
+
+def _fail(msg: str):
+    raise ValueError(f"prefill_attention: {msg}")
+
+
+def _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, k_scales, v_scales, kv_quant):
+    if kv_quant not in _KV_QUANT:
+        _fail(f"kv_quant must be one of {list(_KV_QUANT)}, got {kv_quant!r}")
+    if q.dim() != 3 or q.dtype not in (torch.float16, torch.bfloat16):
+        _fail(f"q must be [tokens, q_heads, head_dim] float16/bfloat16, got {tuple(q.shape)} {q.dtype}")
+    _, hq, d = q.shape
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        _fail(f"k_cache and v_cache must both be [num_blocks, block_size, kv_heads, head_dim], "
+              f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    _, block_size, hkv, dk = k_cache.shape
+    if dk != d:
+        _fail(f"head_dim of q ({d}) and of the cache ({dk}) differ")
+    if block_size % 16:
+        _fail(f"block size must be a multiple of 16, got {block_size}")
+    if hkv < 1 or hq % hkv or hq // hkv > MAX_GROUP:
+        _fail(f"q heads ({hq}) must be a multiple of kv heads ({hkv}) with at most {MAX_GROUP} q heads per kv head")
+    want_kv = torch.uint8 if kv_quant else q.dtype
+    if k_cache.dtype != want_kv or v_cache.dtype != want_kv:
+        _fail(f"kv_quant={kv_quant!r} needs {want_kv} caches, got {k_cache.dtype}/{v_cache.dtype}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
+        if t.stride(-1) != 1:
+            _fail(f"{name} must be contiguous in head_dim")
+    if kv_quant:
+        for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):
+            if t is None or t.dtype != torch.float32 or tuple(t.shape) != tuple(k_cache.shape[:3]):
+                got = None if t is None else f"{tuple(t.shape)} {t.dtype}"
+                _fail(f"kv_quant={kv_quant!r} needs {name} float32 {tuple(k_cache.shape[:3])}, got {got}")
+    elif k_scales is not None or v_scales is not None:
+        _fail("k_scales/v_scales are only used with kv_quant='fp8' or 'int8'")
+    if out.shape != q.shape or out.dtype != q.dtype:
+        _fail(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    num_seqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
+    if seq_lens.dim() != 1 or seq_lens.dtype != torch.int32:
+        _fail(f"seq_lens must be int32 [num_seqs], got {tuple(seq_lens.shape)} {seq_lens.dtype}")
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < num_seqs + 1 or cu_seqlens_q.dtype != torch.int32:
+        _fail(f"cu_seqlens_q must be int32 [>= {num_seqs + 1}], got {tuple(cu_seqlens_q.shape)} {cu_seqlens_q.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] < num_seqs or block_table.dtype != torch.int32:
+        _fail(f"block_table must be int32 [>= {num_seqs}, max_blocks], got {tuple(block_table.shape)} "
+              f"{block_table.dtype}")
+    if block_table.stride(1) != 1:
+        _fail("block_table rows must be contiguous")
+    devices = {t.device for t in (q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table)}
+    if len(devices) != 1:
+        _fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+
+
+def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, scale, *, k_scales=None,
+                      v_scales=None, kv_quant=None, software_fp8=None, params=None):
+    """Causal attention of a batch of query chunks over their paged KV; writes ``out`` and returns it.
+
+    q, out: [num_tokens, q_heads, head_dim] fp16/bf16, the chunks of ``num_seqs`` sequences back to back
+    (sequence s owns rows ``cu_seqlens_q[s]:cu_seqlens_q[s + 1]``; a decode row is a chunk of one token).
+    seq_lens: int32 [num_seqs], each sequence's length including its chunk, whose K/V must already be in the
+    cache. k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim] in q's dtype, or uint8 codes with
+    kv_quant "fp8" / "int8" and float32 k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides).
+    block_table: int32 [>= num_seqs, max_blocks]. Rows past ``cu_seqlens_q[num_seqs]`` are not written.
+    software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()). params: launch
+    parameters (a dict like an entry of launch_params; None: the current target's).
+    """
+    _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, k_scales, v_scales, kv_quant)
+    num_tokens, hq, d = q.shape
+    _, block_size, hkv, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    group = hq // hkv
+    if params is None:
+        params = launch_params.get_params(launch_params.current_target(q.device))["kv8" if kv_quant else "kv16"]
+    launch = dict(params)
+    block_m = launch.pop("BLOCK_M")
+    block_n = launch.pop("BLOCK_N")
+    block_m = max(block_m, triton.next_power_of_2(group))
+    block_q = block_m // group
+    total_q_blocks = num_tokens // block_q + num_seqs
+    if kv_quant is None:
+        k_scales = v_scales = seq_lens  # unused placeholders
+        ks_strides = vs_strides = (0, 0, 0)
+    else:
+        ks_strides, vs_strides = k_scales.stride(), v_scales.stride()
+    if software_fp8 is None:
+        software_fp8 = kv_quant == "fp8" and use_software_fp8()
+    _prefill_kernel[(total_q_blocks, hkv)](
+        q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table,
+        float(scale) * _LOG2E, num_seqs, total_q_blocks, block_size,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
+        block_table.stride(0),
+        GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
+        KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8),
+        PTX=kv_quant is not None and _use_ptx(q.device), **launch,
+    )  # fmt: skip
+    return out

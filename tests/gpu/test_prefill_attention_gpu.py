@@ -1,0 +1,135 @@
+"""Prefill attention on a GPU at Qwen3.5-27B shapes (24 q / 4 kv heads x 256), against a float64 reference.
+
+Chunk lengths 1, 17, 4095 and 4096; histories off the page grid; several prefills and decodes in one batch;
+shuffled pages of 784 (bf16) and 1552 (8-bit) tokens; bf16, int8 and fp8 (hardware and software e4m3) caches;
+finite outputs for extreme finite inputs; the router's warmup compiles the only specialization, so varied
+batches afterwards compile nothing. Tolerances as in tests/test_prefill_attention.py (P and the output are
+rounded to bf16; 8-bit caches are compared on their dequantized values).
+"""
+import importlib
+
+import pytest
+import torch
+
+from dcu import prefill_attention as route
+from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
+from kernels.kv_quant.reference import quantize_per_token_head
+from kernels.prefill_attention import prefill_attention
+from kernels.prefill_attention.reference import paged_prefill_reference
+
+pytestmark = pytest.mark.gpu
+pa_module = importlib.import_module("kernels.prefill_attention.prefill_attention")
+
+HQ, HKV, D = 24, 4, 256
+DEV = "cuda"
+BLOCK = {None: 784, "int8": 1552, "fp8": 1552}
+
+
+def make_case(chunks, kv_quant=None, seed=0, block_size=None, q_mag=1.0, k_mag=2.0, v_mag=1.0):
+    """(chunk, history) per sequence; pages shuffled over the cache; table rows padded with -1."""
+    block_size = block_size or BLOCK[kv_quant]
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    lens = [c + h for c, h in chunks]
+    nblk = [-(-n // block_size) for n in lens]
+    num_blocks = sum(nblk) + 3
+    order = torch.randperm(num_blocks, device=DEV, generator=g).to(torch.int32)
+    table = torch.full((len(lens), max(nblk) + 2), -1, dtype=torch.int32, device=DEV)
+    used = 0
+    for s, n in enumerate(nblk):
+        table[s, :n] = order[used : used + n]
+        used += n
+    cu = torch.zeros(len(chunks) + 1, dtype=torch.int32, device=DEV)
+    cu[1:] = torch.cumsum(torch.tensor([c for c, _ in chunks], device=DEV), 0)
+    q = (torch.randn(int(cu[-1]), HQ, D, device=DEV, generator=g) * q_mag).to(torch.bfloat16)
+    k = torch.randn(num_blocks, block_size, HKV, D, device=DEV, generator=g) * k_mag
+    v = torch.randn(num_blocks, block_size, HKV, D, device=DEV, generator=g) * v_mag
+    case = dict(q=q, cu=cu, seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEV), table=table)
+    if kv_quant is None:
+        kv = torch.stack([k, v], dim=1).to(torch.bfloat16)
+        case.update(k=kv[:, 0], v=kv[:, 1])
+    else:
+        kv = torch.zeros(kv_cache_shape(num_blocks, block_size, HKV, D), dtype=torch.uint8, device=DEV)
+        views = split_kv_cache(kv, D)
+        for x, codes, scales in ((k, views[0], views[2]), (v, views[1], views[3])):
+            c, s = quantize_per_token_head(x, kv_quant)
+            codes.copy_(c)
+            scales.copy_(s)
+        case.update(k=views[0], v=views[1], k_scales=views[2], v_scales=views[3], kv_quant=kv_quant)
+    return case
+
+
+def run(case, **kw):
+    out = torch.full_like(case["q"], float("nan"))
+    extra = {k: case[k] for k in ("k_scales", "v_scales", "kv_quant") if k in case}
+    prefill_attention(case["q"], case["k"], case["v"], out, case["cu"], case["seq_lens"], case["table"], D**-0.5,
+                      **extra, **kw)
+    return out
+
+
+def reference(case):
+    kw = {k: case[k] for k in ("k_scales", "v_scales", "kv_quant") if k in case}
+    return paged_prefill_reference(case["q"], case["k"], case["v"], case["cu"], case["seq_lens"], case["table"],
+                                   D**-0.5, **kw)
+
+
+def check(out, case, rel_tol=1.2e-2):
+    assert torch.isfinite(out).all()
+    want = reference(case)
+    err = out.double() - want
+    rel = (err.norm() / want.norm()).item()
+    assert rel < rel_tol and err.abs().max().item() < 5e-2, f"relative {rel}, max abs {err.abs().max().item()}"
+
+
+@pytest.mark.parametrize("chunk,history", [(4096, 0), (4096, 3000), (4095, 16384 + 5), (17, 800), (1, 2000)])
+def test_bf16_chunks_match_reference(chunk, history):
+    check(run(make_case([(chunk, history)])), make_case([(chunk, history)]))
+
+
+@pytest.mark.parametrize("kv_quant,software", [("int8", False), ("fp8", False), ("fp8", True)])
+def test_8bit_chunks_match_dequantized_reference(kv_quant, software):
+    case = make_case([(4096, 1600)], kv_quant=kv_quant, seed=1)
+    check(run(case, software_fp8=software), case)
+
+
+@pytest.mark.parametrize("kv_quant", [None, "int8"])
+def test_several_prefills_and_decodes_in_one_batch(kv_quant):
+    chunks = [(1, 5000), (300, 0), (1, 17), (1999, 785), (1, 1551), (64, 64)]
+    case = make_case(chunks, kv_quant=kv_quant, seed=2)
+    check(run(case, software_fp8=True), case)
+
+
+def test_page_size_16():
+    case = make_case([(100, 333), (1, 40)], block_size=16, seed=3)
+    check(run(case), case)
+
+
+@pytest.mark.parametrize("kv_quant", [None, "int8", "fp8"])
+def test_extreme_finite_inputs_give_finite_outputs(kv_quant):
+    case = make_case([(200, 300)], kv_quant=kv_quant, seed=4, q_mag=1e19, k_mag=1e19, v_mag=1e37)
+    assert torch.isfinite(run(case, software_fp8=True)).all()
+
+
+@pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
+@pytest.mark.parametrize("v_mag", [1e-6, 1e5])
+def test_8bit_values_across_the_range(kv_quant, v_mag):
+    case = make_case([(512, 700)], kv_quant=kv_quant, seed=5, v_mag=v_mag, k_mag=3e4)
+    check(run(case), case, rel_tol=1e-2)
+
+
+def _compiled():
+    return sum(len(c[0]) for c in pa_module._prefill_kernel.device_caches.values())
+
+
+@pytest.mark.parametrize("cache_dtype,kv_quant", [("auto", None), ("int8_per_token_head", "int8")])
+def test_warmup_compiles_everything_later_batches_need(monkeypatch, cache_dtype, kv_quant):
+    # the engine's shape as the metadata builder passes it; then batches of every kind a server sees. The router
+    # must warm this checkout's kernel module (not an installed vllm.dcu_kernels copy) for the count to mean it.
+    from kernels.kv_quant.layout import kv_quant_kind
+    from kernels.prefill_attention import MAX_GROUP
+
+    monkeypatch.setattr(route, "_kernels", lambda: (prefill_attention, MAX_GROUP, kv_quant_kind))
+    route.warmup(HQ, HKV, D, torch.bfloat16, cache_dtype, BLOCK[kv_quant], DEV)
+    before = _compiled()
+    for i, chunks in enumerate(([(4096, 0)], [(4096, 8192)], [(37, 9000), (1, 5)], [(1, 3)] * 3 + [(4000, 33)])):
+        run(make_case(chunks, kv_quant=kv_quant, seed=10 + i))
+    assert _compiled() == before, "a batch after warmup compiled a new specialization"

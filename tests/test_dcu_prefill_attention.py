@@ -1,0 +1,195 @@
+"""Patch 0006: launches with prefill routed to the prefill kernel (dcu/prefill_attention.py), on the CPU.
+
+The routing rules alone (no vLLM), then through the patched tree: TRITON_ATTN's and DCU_TRITON_ATTN's forward
+on a mixed batch reach the kernel and match the float64 reference; what the kernel does not cover reaches
+upstream's unified attention; the metadata builder warms the kernel. The kernel's numerics are in
+tests/test_prefill_attention.py, the GPU runs in tests/gpu/test_prefill_attention_gpu.py.
+"""
+import os
+import types
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+import triton_interp_compat  # noqa: E402,F401
+
+from dcu import prefill_attention as route  # noqa: E402
+from kernels.prefill_attention.reference import paged_prefill_reference  # noqa: E402
+
+HQ, HKV, D, BS = 6, 2, 32, 16
+
+
+def ua_kwargs(max_seqlen_q=4, **over):
+    q = torch.zeros(5, HQ, D, dtype=torch.bfloat16)
+    k = torch.zeros(4, BS, HKV, D, dtype=torch.bfloat16)
+    kw = dict(q=q, k=k, v=k, out=q, cu_seqlens_q=None, max_seqlen_q=max_seqlen_q, seqused_k=None, max_seqlen_k=9,
+              softmax_scale=0.1, causal=True, window_size=(-1, -1), block_table=None, softcap=0, q_descale=None,
+              k_descale=None, v_descale=None, alibi_slopes=None, output_scale=None, qq_bias=None, sinks=None,
+              mm_prefix_range=None)
+    kw.update(over)
+    return kw
+
+
+# --- rules, no vLLM ------------------------------------------------------------------------------
+
+def test_qwen35_prefill_launch_is_supported():
+    assert route.unsupported(ua_kwargs()) is None
+    assert route.unsupported(ua_kwargs(kv_quant="int8", k_scale_cache=torch.zeros(1),
+                                       k=torch.zeros(4, BS, HKV, D, dtype=torch.uint8))) is None
+
+
+@pytest.mark.parametrize("over,why", [
+    (dict(alibi_slopes=torch.zeros(HQ)), "ALiBi"),
+    (dict(sinks=torch.zeros(HQ)), "sinks"),
+    (dict(softcap=30.0), "soft cap"),
+    (dict(window_size=(127, 0)), "sliding window"),
+    (dict(output_scale=torch.ones(1)), "fused output quantization"),
+    (dict(q=torch.zeros(5, HQ, D)), "query dtype"),
+    (dict(k=torch.zeros(4, BS, HKV, D, dtype=torch.float8_e4m3fn)), "per-tensor fp8"),
+    (dict(q=torch.zeros(5, HQ, 512, dtype=torch.bfloat16), k=torch.zeros(4, BS, HKV, 512, dtype=torch.bfloat16)),
+     "head size"),
+    (dict(q=torch.zeros(5, 40, D, dtype=torch.bfloat16)), "q heads"),
+    (dict(mm_prefix_range=torch.zeros(1)), "multimodal"),
+])
+def test_unsupported_features_are_named(over, why):
+    assert why in route.unsupported(ua_kwargs(**over))
+
+
+def test_switch_off_and_bad_values(monkeypatch):
+    assert route.enabled({}) and route.enabled({route.ENV_VAR: "1"}) and not route.enabled({route.ENV_VAR: "0"})
+    with pytest.raises(ValueError, match="supported values are 1 \\(default\\) and 0"):
+        route.enabled({route.ENV_VAR: "yes"})
+    calls = []
+    monkeypatch.setenv(route.ENV_VAR, "0")
+    wrapped = route.route_unified_attention(lambda **kw: calls.append(kw) or "upstream")
+    assert wrapped(**ua_kwargs()) == "upstream" and len(calls) == 1
+    monkeypatch.setenv(route.ENV_VAR, "maybe")
+    with pytest.raises(ValueError, match=route.ENV_VAR):
+        route.route_unified_attention(lambda **kw: None)
+
+
+def test_decode_only_launch_stays_upstream(monkeypatch):
+    monkeypatch.delenv(route.ENV_VAR, raising=False)
+    wrapped = route.route_unified_attention(lambda **kw: "upstream")
+    assert wrapped(**ua_kwargs(max_seqlen_q=1)) == "upstream"
+    assert wrapped(**ua_kwargs(sinks=torch.zeros(HQ))) == "upstream"
+
+
+def test_warmup_is_a_no_op_without_a_gpu():
+    assert route.warmup(HQ, HKV, D, torch.bfloat16, "auto", BS, "cpu") is None
+
+
+# --- through the patched tree ----------------------------------------------------------------------
+
+def fake_vllm_config(cache_dtype="auto"):
+    from vllm.config import CUDAGraphMode
+
+    model = types.SimpleNamespace(get_num_attention_heads=lambda pc: HQ, get_num_kv_heads=lambda pc: HKV,
+                                  get_head_size=lambda: D, dtype=torch.bfloat16)
+    return types.SimpleNamespace(
+        model_config=model, parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),
+        compilation_config=types.SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
+                                                 cudagraph_capture_sizes=[1, 2, 4]),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=8), cache_config=types.SimpleNamespace(cache_dtype=cache_dtype),
+        speculative_config=None)
+
+
+def common_metadata(query_lens, seq_lens, table):
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    qsl = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0)), dtype=torch.int32)
+    n_tok = int(qsl[-1])
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        num_reqs=len(seq_lens), num_actual_tokens=n_tok, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        block_table_tensor=table, slot_mapping=torch.zeros(n_tok, dtype=torch.int64))
+
+
+@pytest.fixture
+def kernel_calls(vllm_tree, monkeypatch):
+    """Counts calls of the prefill kernel as the patched tree's router reaches it."""
+    import vllm.dcu_kernels.prefill_attention as pa
+
+    calls = []
+    real = pa.prefill_attention
+
+    def spy(*a, **k):
+        calls.append(k.get("kv_quant"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(pa, "prefill_attention", spy)
+    monkeypatch.delenv(route.ENV_VAR, raising=False)
+    return calls
+
+
+def test_unified_attention_in_the_tree_is_the_router(vllm_tree):
+    from vllm.v1.attention.backends import triton_attn
+    from vllm.v1.attention.ops import triton_unified_attention as ua
+
+    assert hasattr(ua.unified_attention, "dcu_upstream")
+    assert triton_attn.unified_attention is ua.unified_attention  # the backend imported the routed name
+
+
+@pytest.mark.parametrize("backend", ["TRITON_ATTN", "DCU_TRITON_ATTN"])
+def test_mixed_batch_through_the_backend_reaches_the_kernel_and_matches_reference(kernel_calls, backend):
+    from vllm.v1.attention.backends import triton_attn
+
+    if backend == "DCU_TRITON_ATTN":
+        from vllm.v1.attention.backends import dcu_triton_attn as mod
+
+        builder_cls, impl_cls = mod.DcuTritonAttentionMetadataBuilder, mod.DcuTritonAttentionImpl
+    else:
+        builder_cls, impl_cls = triton_attn.TritonAttentionMetadataBuilder, triton_attn.TritonAttentionImpl
+    g = torch.Generator().manual_seed(0)
+    query_lens, seq_lens = [1, 13, 1], [40, 29, 17]  # two decodes beside a chunk of 13 after 16 cached tokens
+    kv_cache = torch.randn(12, 2, BS, HKV, D, generator=g).to(torch.bfloat16)
+    table = torch.randperm(12, generator=g)[:9].to(torch.int32).view(3, 3)
+    builder = builder_cls(types.SimpleNamespace(block_size=BS), ["layer.0"], fake_vllm_config(), torch.device("cpu"))
+    meta = builder.build(0, common_metadata(query_lens, seq_lens, table))
+    q = torch.randn(16, HQ, D, generator=g).to(torch.bfloat16)  # one padding row past the batch
+    out = torch.full_like(q, float("nan"))
+    layer = types.SimpleNamespace(_k_scale=torch.ones(1), _v_scale=torch.ones(1), _q_scale_float=1.0)
+    impl = impl_cls(num_heads=HQ, head_size=D, scale=D**-0.5, num_kv_heads=HKV, alibi_slopes=None,
+                    sliding_window=None, kv_cache_dtype="auto")
+    impl.forward(layer, q, None, None, kv_cache, meta, output=out)
+    assert kernel_calls == [None]
+    k, v = kv_cache.unbind(1)
+    want = paged_prefill_reference(q[:15], k, v, meta.query_start_loc, meta.seq_lens, meta.block_table, D**-0.5)
+    assert (out[:15].double() - want).abs().max() < 4e-2
+    assert out[15].isnan().all()
+
+
+def test_sliding_window_layer_keeps_upstream(kernel_calls, monkeypatch):
+    # TRITON_ATTN's forward passes its window to the router, which hands the launch to upstream (a stand-in here:
+    # without a GPU driver vLLM's own Triton kernels are placeholders)
+    import vllm.dcu.prefill_attention as tree_route
+    from vllm.v1.attention.backends import triton_attn
+
+    upstream = []
+    monkeypatch.setattr(triton_attn, "unified_attention",
+                        tree_route.route_unified_attention(lambda **kw: upstream.append(kw["window_size"])))
+    g = torch.Generator().manual_seed(1)
+    kv_cache = torch.randn(8, 2, BS, HKV, D, generator=g).to(torch.bfloat16)
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    builder = triton_attn.TritonAttentionMetadataBuilder(types.SimpleNamespace(block_size=BS), ["layer.0"],
+                                                         fake_vllm_config(), torch.device("cpu"))
+    meta = builder.build(0, common_metadata([5, 1], [20, 9], table))
+    q = torch.randn(6, HQ, D, generator=g).to(torch.bfloat16)
+    layer = types.SimpleNamespace(_k_scale=torch.ones(1), _v_scale=torch.ones(1), _q_scale_float=1.0)
+    for window in (8, None):  # a sliding-window layer, then a plain one
+        impl = triton_attn.TritonAttentionImpl(num_heads=HQ, head_size=D, scale=D**-0.5, num_kv_heads=HKV,
+                                               alibi_slopes=None, sliding_window=window, kv_cache_dtype="auto")
+        impl.forward(layer, q, None, None, kv_cache, meta, output=torch.empty_like(q))
+    assert upstream == [(7, 0)] and kernel_calls == [None]
+
+
+def test_metadata_builder_warms_the_kernel_with_the_engine_shape(vllm_tree, monkeypatch):
+    import vllm.dcu.prefill_attention as tree_route
+    from vllm.v1.attention.backends import triton_attn
+
+    seen = []
+    monkeypatch.setattr(tree_route, "warmup", lambda *a: seen.append(a))
+    triton_attn.TritonAttentionMetadataBuilder(types.SimpleNamespace(block_size=BS), ["layer.0"],
+                                               fake_vllm_config("int8_per_token_head"), torch.device("cpu"))
+    assert seen == [(HQ, HKV, D, torch.bfloat16, "int8_per_token_head", BS, torch.device("cpu"))]

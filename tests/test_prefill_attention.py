@@ -1,0 +1,229 @@
+"""Prefill attention (kernels/prefill_attention) against the float64 torch reference.
+
+Runs in the Triton CPU interpreter at small shapes (head_dim 16-32, a few heads); the Qwen3.5-27B shapes run on a
+GPU in tests/gpu/test_prefill_attention_gpu.py. Tolerances: the output is rounded to the query dtype and P is
+rounded to it before the P.V product, so bf16 errors are a few 1e-3 relative (8 significant bits), fp16 errors
+a few 1e-4; the 8-bit caches are compared with the reference on the dequantized cache, so quantization error
+is not counted (only the kernel's own rounding).
+"""
+import json
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import triton_interp_compat  # noqa: E402,F401
+
+from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache  # noqa: E402
+from kernels.kv_quant.reference import quantize_per_token_head  # noqa: E402
+from kernels.prefill_attention import launch_params, prefill_attention  # noqa: E402
+from kernels.prefill_attention.reference import paged_prefill_reference  # noqa: E402
+
+# (max abs error, error norm / reference norm)
+TOL = {torch.float16: (4e-3, 2e-3), torch.bfloat16: (4e-2, 1.2e-2)}
+
+
+def make_case(chunks, block_size, hq=6, hkv=1, d=32, dtype=torch.bfloat16, kv_quant=None, seed=0, k_mag=2.0,
+              v_mag=1.0, q_mag=1.0, extra_rows=0):
+    """Sequences given as (query chunk length, history length) with their K/V in a shuffled paged cache.
+
+    Block-table entries past a sequence's last page are -1 (never read); pages of one sequence are scattered.
+    ``extra_rows`` adds rows to q past the last sequence (vLLM pads the token dimension); they must stay
+    untouched."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [c + h for c, h in chunks]
+    nblk = [(n + block_size - 1) // block_size for n in lens]
+    num_blocks = sum(nblk) + 2
+    order = torch.randperm(num_blocks, generator=g)
+    table = torch.full((len(lens), max(nblk) + 1), -1, dtype=torch.int32)
+    used = 0
+    for s, n in enumerate(nblk):
+        table[s, :n] = order[used : used + n].to(torch.int32)
+        used += n
+    q_lens = torch.tensor([c for c, _ in chunks])
+    cu = torch.zeros(len(chunks) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(q_lens, 0)
+    q = (torch.randn(int(cu[-1]) + extra_rows, hq, d, generator=g) * q_mag).to(dtype)
+    k = torch.randn(num_blocks, block_size, hkv, d, generator=g) * k_mag
+    v = torch.randn(num_blocks, block_size, hkv, d, generator=g) * v_mag
+    case = dict(q=q, cu_seqlens_q=cu, seq_lens=torch.tensor(lens, dtype=torch.int32), block_table=table,
+                scale=d**-0.5)
+    if kv_quant is None:
+        kv = torch.zeros(num_blocks, 2, block_size, hkv, d, dtype=dtype)  # vLLM's TRITON_ATTN layout
+        kv[:, 0] = k.to(dtype)
+        kv[:, 1] = v.to(dtype)
+        case.update(k_cache=kv[:, 0], v_cache=kv[:, 1])
+    else:
+        kv = torch.zeros(kv_cache_shape(num_blocks, block_size, hkv, d), dtype=torch.uint8)
+        k_codes, v_codes, k_scales, v_scales = split_kv_cache(kv, d)
+        for x, codes, scales in ((k, k_codes, k_scales), (v, v_codes, v_scales)):
+            c, sc = quantize_per_token_head(x, kv_quant)
+            codes.copy_(c)
+            scales.copy_(sc)
+        case.update(k_cache=k_codes, v_cache=v_codes, k_scales=k_scales, v_scales=v_scales, kv_quant=kv_quant)
+    return case
+
+
+_ARGS = ("q", "k_cache", "v_cache", "cu_seqlens_q", "seq_lens", "block_table", "scale")
+
+
+def run(case, **kw):
+    out = torch.full_like(case["q"], float("nan"))
+    extra = {k: v for k, v in case.items() if k not in _ARGS}
+    prefill_attention(case["q"], case["k_cache"], case["v_cache"], out, case["cu_seqlens_q"], case["seq_lens"],
+                      case["block_table"], case["scale"], **extra, **kw)
+    return out
+
+
+def reference(case):
+    kw = {k: case[k] for k in ("k_scales", "v_scales", "kv_quant") if k in case}
+    return paged_prefill_reference(case["q"], case["k_cache"], case["v_cache"], case["cu_seqlens_q"],
+                                   case["seq_lens"], case["block_table"], case["scale"], **kw)
+
+
+def assert_close(out, want, dtype, rows=None):
+    rows = out.shape[0] if rows is None else rows
+    out, want = out[:rows], want[:rows]
+    assert torch.isfinite(out).all(), "non-finite or unwritten output rows"
+    err = out.double() - want
+    max_abs, rel = err.abs().max().item(), (err.norm() / want.norm()).item()
+    assert max_abs < TOL[dtype][0] and rel < TOL[dtype][1], f"max abs error {max_abs}, relative {rel}, limits {TOL[dtype]}"
+
+
+def p(block_m=16, block_n=16, **kw):
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, num_stages=1, **kw)
+
+
+# --- numerics ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_ragged_chunks_with_histories_off_the_page_grid_match_reference(dtype, block_m):
+    # chunk lengths 1 and 17 (not a multiple of the 2- or 10-token query tile nor of BLOCK_N 16), histories of
+    # 0, 5, 23 and 37 tokens (not multiples of the 16-token page), pages shuffled
+    case = make_case([(17, 5), (1, 37), (40, 0), (3, 23)], block_size=16, dtype=dtype, hq=12, hkv=2)
+    assert_close(run(case, params=p(block_m)), reference(case), dtype)
+
+
+@pytest.mark.parametrize("kv_quant,software_fp8", [("int8", False), ("fp8", True), ("fp8", False)])
+def test_quantized_cache_matches_dequantized_reference(kv_quant, software_fp8):
+    case = make_case([(17, 30), (1, 64), (9, 0)], block_size=32, kv_quant=kv_quant, hq=12, hkv=2, seed=3)
+    assert_close(run(case, params=p(32), software_fp8=software_fp8), reference(case), torch.bfloat16)
+
+
+def test_mixed_batch_of_decode_rows_and_prefill_chunks_matches_reference():
+    # the shape of a serving step: decodes (one token each, long histories) beside one prefill chunk
+    chunks = [(1, 90), (1, 33), (29, 50), (1, 1), (1, 64)]
+    case = make_case(chunks, block_size=16, hq=12, hkv=2, seed=4)
+    assert_close(run(case, params=p(32, 32)), reference(case), torch.bfloat16)
+
+
+@pytest.mark.parametrize("kv_quant", [None, "int8"])
+@pytest.mark.parametrize("block_size", [48, 784])
+def test_key_tiles_straddling_pages_read_each_token_from_its_own_page(kv_quant, block_size):
+    # BLOCK_N 32 does not divide 48 or 784: tiles span two pages, and with 16-token pages (below) three
+    case = make_case([(20, block_size + 7)], block_size=block_size, kv_quant=kv_quant, d=16, seed=5)
+    assert_close(run(case, params=p(16, 32), software_fp8=True), reference(case), torch.bfloat16)
+
+
+def test_pages_smaller_than_a_key_tile():
+    case = make_case([(9, 40), (30, 3)], block_size=16, d=16, seed=6)
+    assert_close(run(case, params=p(32, 64)), reference(case), torch.bfloat16)
+
+
+@pytest.mark.parametrize("chunk,history", [(4096, 0), (4095, 100)])
+def test_full_4096_token_chunks_first_and_with_history(chunk, history):
+    # the contest's chunk size (--max-num-batched-tokens 4096) and one short of it, at a head size small enough
+    # for the interpreter; group 2, so a 128-row tile holds 64 tokens
+    case = make_case([(chunk, history)], block_size=784, hq=2, hkv=1, d=16, seed=7)
+    assert_close(run(case, params=p(128, 64)), reference(case), torch.bfloat16)
+
+
+def test_padded_token_rows_past_the_last_sequence_are_not_written():
+    case = make_case([(5, 10), (7, 0)], block_size=16, d=16, extra_rows=6, seed=8)
+    out = run(case, params=p(16))
+    assert torch.isnan(out[12:]).all()
+    assert_close(out, reference(case), torch.bfloat16, rows=12)
+
+
+def test_head_dim_not_a_power_of_two():
+    case = make_case([(11, 20)], block_size=16, d=24, seed=9)
+    assert_close(run(case, params=p(16)), reference(case), torch.bfloat16)
+
+
+@pytest.mark.parametrize("kv_quant", [None, "int8", "fp8"])
+def test_extreme_finite_inputs_give_finite_outputs(kv_quant):
+    # scores beyond float32 (|q|, |k| ~ 1e20, bf16 allows 3e38) and V near bf16's largest values
+    case = make_case([(6, 20)], block_size=16, d=16, kv_quant=kv_quant, q_mag=1e20, k_mag=1e20, v_mag=1e37,
+                     seed=10)
+    out = run(case, params=p(16), software_fp8=True)
+    assert torch.isfinite(out).all()
+    assert out.abs().max() <= case["q"].new_tensor(4e37).float()
+
+
+@pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
+@pytest.mark.parametrize("v_mag", [1e-6, 1e5])
+def test_quantized_v_across_the_value_range(kv_quant, v_mag):
+    # the 8-bit path keeps P in [0, 1] whatever the V scales (tiny V must not underflow, huge V not overflow)
+    case = make_case([(13, 40)], block_size=16, kv_quant=kv_quant, d=16, v_mag=v_mag, k_mag=1000.0, seed=11)
+    out = run(case, params=p(16), software_fp8=True)
+    want = reference(case)
+    rel = ((out.double() - want).norm() / want.norm()).item()
+    assert torch.isfinite(out).all() and rel < 1e-2, rel
+
+
+# --- inputs and parameters -----------------------------------------------------------------------
+
+def test_rejects_bad_inputs_with_one_clear_message():
+    case = make_case([(4, 4)], block_size=16, d=16)
+    args = [case[k] for k in _ARGS]
+    out = torch.empty_like(case["q"])
+    with pytest.raises(ValueError, match="block size must be a multiple of 16"):
+        prefill_attention(case["q"], case["k_cache"][:, :8], case["v_cache"][:, :8], out, *args[3:])
+    with pytest.raises(ValueError, match="out must be"):
+        prefill_attention(case["q"], case["k_cache"], case["v_cache"], out.float(), *args[3:])
+    with pytest.raises(ValueError, match="kv_quant must be one of"):
+        prefill_attention(case["q"], case["k_cache"], case["v_cache"], out, *args[3:], kv_quant="int4")
+    with pytest.raises(ValueError, match="needs k_scales"):
+        prefill_attention(case["q"], case["k_cache"].view(torch.uint8)[..., :16], case["v_cache"].view(torch.uint8)[..., :16],
+                          out, *args[3:], kv_quant="int8")
+    with pytest.raises(ValueError, match="cu_seqlens_q must be int32"):
+        prefill_attention(case["q"], case["k_cache"], case["v_cache"], out, case["cu_seqlens_q"].long(), *args[4:])
+
+
+def test_empty_batch_is_a_no_op():
+    case = make_case([(3, 3)], block_size=16, d=16)
+    out = torch.full_like(case["q"], 7.0)
+    prefill_attention(case["q"][:0], case["k_cache"], case["v_cache"], out[:0], case["cu_seqlens_q"],
+                      case["seq_lens"], case["block_table"], case["scale"])
+    assert (out == 7.0).all()
+
+
+@pytest.mark.parametrize("text,msg", [
+    ('{"BLOCK_M": 48}', "BLOCK_M must be a power of two"),
+    ('{"BLOCK_Q": 4}', "unknown key"),
+    ('{"waves_per_eu": 2}', "ROCm-only"),
+    ("not json", "not valid JSON"),
+    ('{"kv8": 3}', "'kv8' must be an object"),
+])
+def test_bad_param_overrides_fail_naming_the_problem(text, msg):
+    with pytest.raises(ValueError, match=msg):
+        launch_params.get_params("sm90", override=text)
+
+
+def test_param_override_applies_to_both_widths_and_keeps_the_table():
+    entry = launch_params.get_params("sm90", override='{"BLOCK_M": 64, "kv8": {"BLOCK_N": 32}}')
+    assert entry["kv16"]["BLOCK_M"] == 64 and entry["kv8"]["BLOCK_M"] == 64 and entry["kv8"]["BLOCK_N"] == 32
+    assert entry["measured"] is False
+    assert launch_params.PARAMS["sm90"]["kv16"]["BLOCK_M"] != 64 or launch_params.PARAMS["sm90"]["kv8"]["BLOCK_N"] != 32
+
+
+def test_every_table_entry_is_valid():
+    for target in launch_params.PARAMS:
+        launch_params.get_params(target, override="")
+
+
+def test_env_override_is_read(monkeypatch):
+    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"BLOCK_N": 32}))
+    assert launch_params.get_params("interpreter")["kv16"]["BLOCK_N"] == 32
