@@ -109,7 +109,7 @@ def route_unified_attention(upstream):
             kw["q"], kw["k"], kw["v"], kw["out"], kw["cu_seqlens_q"], kw["seqused_k"], kw["block_table"],
             kw["softmax_scale"], k_scales=kw.get("k_scale_cache") if kv_quant else None,
             v_scales=kw.get("v_scale_cache") if kv_quant else None, kv_quant=kv_quant,
-            software_fp8=kw.get("software_fp8"),
+            software_fp8=kw.get("software_fp8"), max_seqlen_k=kw.get("max_seqlen_k"),
         )
 
     unified_attention.dcu_upstream = upstream
@@ -137,7 +137,9 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     if key in _WARM:
         return 0.0
     t0 = time.perf_counter()
-    lens, chunks = [block_size + 37, 5], [67, 1]  # a chunk after a history that spills into a second page; a decode
+    # a chunk after a history that spills into a second page (long enough for the 8-bit caches' bf16 mirror),
+    # and a decode row (the 8-bit caches' direct path)
+    lens, chunks = [block_size + 37, 5], [67, 1]
     num_blocks = sum(-(-n // block_size) for n in lens) + 1
     table = torch.zeros(len(lens), num_blocks, dtype=torch.int32, device=device)
     used = 0
@@ -164,7 +166,8 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
         ks.fill_(0.01)
         vs.fill_(0.01)
         scales = dict(k_scales=ks, v_scales=vs)
-    prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant, **scales)
+    prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant, max_seqlen_k=max(lens),
+                      **scales)
     torch.cuda.synchronize(device)
     if not torch.isfinite(out).all():
         raise RuntimeError("vllm-dcu prefill attention warmup produced non-finite output")

@@ -6,6 +6,7 @@ rounded to it before the P.V product, so bf16 errors are a few 1e-3 relative (8 
 a few 1e-4; the 8-bit caches are compared with the reference on the dequantized cache, so quantization error
 is not counted (only the kernel's own rounding).
 """
+import importlib
 import json
 import os
 
@@ -227,3 +228,61 @@ def test_every_table_entry_is_valid():
 def test_env_override_is_read(monkeypatch):
     monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"BLOCK_N": 32}))
     assert launch_params.get_params("interpreter")["kv16"]["BLOCK_N"] == 32
+
+
+# --- 8-bit caches: the bf16 mirror for long chunks -------------------------------------------------
+
+@pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
+def test_mirror_path_matches_reference_and_direct_path(kv_quant):
+    pa_mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
+
+    # 2 mirror pages of 256 tokens: sequence 0 (70-token chunk, 170 tokens) takes one; sequence 2 (64-token chunk,
+    # 364 tokens) needs two more and reads the cache directly, like the decode row and the 20-token chunk
+    chunks = [(70, 100), (1, 50), (64, 300), (20, 9)]
+    case = make_case(chunks, block_size=48, kv_quant=kv_quant, d=16, hq=6, hkv=1, seed=12)
+    max_k = int(case["seq_lens"].max())
+    pa_mod._MIRRORS.clear()
+    mirrored = run(case, params=p(16), mirror_params=p(32, 32), max_seqlen_k=max_k, mirror=512, software_fp8=True)
+    direct = run(case, params=p(16), max_seqlen_k=max_k, mirror=0, software_fp8=True)
+    want = reference(case)
+    assert_close(mirrored, want, torch.bfloat16)
+    assert_close(direct, want, torch.bfloat16)
+    # the mirror holds sequence 0's keys, dequantized and rounded to bf16 (within one bf16 step: the interpreter
+    # truncates where the GPU rounds to nearest), in its first page
+    (buf,) = pa_mod._MIRRORS.values()
+    from kernels.decode_attention.reference import dequantize
+
+    pages = case["block_table"][0, :4].long()
+    k0 = dequantize(case["k_cache"][pages], case["k_scales"][pages], kv_quant).reshape(-1, 1, 16)[:170]
+    assert torch.allclose(buf[0, 0, :170].double(), k0, rtol=2**-7, atol=0)
+
+
+def test_mirror_flow_needs_a_host_max_length_and_bf16_queries(monkeypatch):
+    pa_mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
+    launched = []
+    real = pa_mod._mirror_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(pa_mod, "_mirror_kernel", Spy())
+    case = make_case([(80, 20)], block_size=16, kv_quant="int8", d=16, seed=13)
+    run(case, params=p(16), mirror=512)  # no max_seqlen_k: the grid cannot be sized without reading the device
+    fp16 = make_case([(80, 20)], block_size=16, kv_quant="int8", d=16, seed=13, dtype=torch.float16)
+    run(fp16, params=p(16), mirror=512, max_seqlen_k=100)  # code x scale may not fit fp16: direct path
+    assert launched == []
+    # a batch without a long chunk still runs the mirror flow (the same kernels for every batch), marking nothing
+    short = make_case([(30, 20), (1, 5)], block_size=16, kv_quant="int8", d=16, seed=14)
+    assert_close(run(short, params=p(16), mirror_params=p(16), mirror=512, max_seqlen_k=50), reference(short),
+                 torch.bfloat16)
+    assert len(launched) == 1
+
+
+def test_bad_mirror_size_setting_fails_at_startup():
+    from kernels.prefill_attention.prefill_attention import MIRROR_ENV, mirror_tokens
+
+    assert mirror_tokens({}) == 65536 and mirror_tokens({MIRROR_ENV: "0"}) == 0
+    with pytest.raises(ValueError, match=MIRROR_ENV):
+        mirror_tokens({MIRROR_ENV: "lots"})

@@ -18,7 +18,7 @@ from triton.backends.compiler import GPUTarget
 from .prefill_attention import _prefill_kernel
 
 _PTR = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "ks": "*fp32", "vs": "*fp32", "out": "*bf16", "cu_q": "*i32",
-        "seq_lens": "*i32", "block_table": "*i32"}
+        "seq_lens": "*i32", "block_table": "*i32", "sel": "*i32"}
 
 
 def signature(kv8: bool, group=6, head_dim=256):
@@ -41,7 +41,7 @@ def signature(kv8: bool, group=6, head_dim=256):
 
 # ints the JIT sees as multiples of 16 for Qwen3.5-27B's layout (strides in elements), and the ones equal to 1
 _DIV16 = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_kt", "stride_kh", "stride_vb",
-          "stride_vt", "stride_vh")
+          "stride_vt", "stride_vh")  # block_size and stride_btb are not specialized on (do_not_specialize)
 
 
 def _attrs(kv8: bool) -> tuple[dict, dict]:
@@ -56,7 +56,7 @@ def compile_one(cfg: dict, kv8: bool, arch: int, group=6, head_dim=256, block_si
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m,
                   BLOCK_Q=block_m // group, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
-                  KV_QUANT=2 if kv8 else 0, FP8_SOFTWARE=False, PTX=kv8)
+                  KV_QUANT=2 if kv8 else 0, FP8_SOFTWARE=False, PTX=kv8, SEQ_FILTER=0)
     attrs, ones = _attrs(kv8)
     sig = signature(kv8)
     for name in ones:

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from ..decode_attention.decode_attention import _codes_to_f16, _pow2_fp16_scale, _use_ptx
 from ..fp8_e4m3 import use_software_fp8
+from ..kv_quant.dequant import codes_to_float
 from . import launch_params
 
 _LOG2E = 1.4426950408889634
@@ -140,9 +141,9 @@ def _attend_tile(
 
 # Sizes that change from launch to launch are not specialized on: one compiled kernel per cache layout and
 # dtype serves every batch, so warmup() at startup compiles everything a request can meet.
-@triton.jit(do_not_specialize=["num_seqs", "total_q_blocks"])
+@triton.jit(do_not_specialize=["num_seqs", "total_q_blocks", "block_size", "stride_btb"])
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, cu_q_ptr, seq_lens_ptr, block_table_ptr,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, cu_q_ptr, seq_lens_ptr, block_table_ptr, sel_ptr,
     s_mult_base, num_seqs, total_q_blocks, block_size,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -150,11 +151,15 @@ def _prefill_kernel(
     stride_btb,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
-    KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
+    KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr, SEQ_FILTER: tl.constexpr,
 ):  # fmt: skip
     q_block = total_q_blocks - 1 - tl.program_id(0)  # heaviest tiles first
     kv_head = tl.program_id(1)
     seq = _find_seq(cu_q_ptr, num_seqs, q_block, BLOCK_Q)
+    if SEQ_FILTER != 0:  # 1: only sequences marked in sel (read from the mirror), 2: only the others
+        marked = tl.load(sel_ptr + seq) != 0
+        if marked != (SEQ_FILTER == 1):
+            return
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
     t0 = (q_block - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # first query token of the tile, in the chunk
@@ -225,6 +230,122 @@ def _prefill_kernel(
     o_offs = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=qo_mask)
 
+# --- 8-bit caches: a bf16 mirror for long chunks ---------------------------------------------------------------
+# A chunk of many query tokens converts each 8-bit K/V tile once per query tile when it reads the cache directly
+# (the converted tile is staged for the matrix unit). For chunks of at least MIRROR_MIN_QUERY tokens it is cheaper
+# to write the sequence's K/V once as bf16 values (code x scale, rounded like a bf16 cache) into a scratch
+# "mirror" in pages of MIRROR_PAGE tokens and run the bf16 kernel over it: the extra traffic is one read of the
+# 8-bit cache and one write + read of the mirror per launch, small against the attention's arithmetic. Decode
+# rows, short chunks and sequences that do not fit the mirror read the 8-bit cache directly (a second launch).
+MIRROR_MIN_QUERY = 64
+MIRROR_PAGE = 256
+MIRROR_ENV = "VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS"
+MIRROR_DEFAULT_TOKENS = 65536
+_MIRROR_BLOCK_S = 128
+_MIRROR_BLOCK_T = 32
+
+
+@triton.jit(do_not_specialize=["num_seqs", "table_width", "min_query", "cap_pages"])
+def _plan_mirror_kernel(cu_q_ptr, seq_lens_ptr, sel_ptr, mtab_ptr, owner_ptr, num_seqs, table_width, min_query,
+                        cap_pages, stride_mtab, PAGE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr):
+    """One program: mark the sequences that take the mirror (chunk >= min_query tokens, pages left; greedy in
+    sequence order), write their mirror block-table rows (consecutive pages) and, per mirror page, its owner
+    (sequence * 65536 + page index in the sequence, -1 for a free page)."""
+    for p0 in range(0, cap_pages, BLOCK_W * 4):
+        pg = p0 + tl.arange(0, BLOCK_W * 4)
+        tl.store(owner_ptr + pg, tl.full([BLOCK_W * 4], -1, tl.int32), mask=pg < cap_pages)
+    used = 0
+    for first in range(0, num_seqs, BLOCK_S):
+        s = first + tl.arange(0, BLOCK_S)
+        ok = s < num_seqs
+        q_len = tl.load(cu_q_ptr + s + 1, mask=ok, other=0) - tl.load(cu_q_ptr + s, mask=ok, other=0)
+        seq_len = tl.load(seq_lens_ptr + s, mask=ok, other=0)
+        want = ok & (q_len >= min_query)
+        pages = tl.where(want, tl.cdiv(seq_len, PAGE), 0)
+        end = used + tl.cumsum(pages, axis=0)
+        start = end - pages
+        take = want & (end <= cap_pages)
+        tl.store(sel_ptr + s, take.to(tl.int32), mask=ok)
+        for j0 in range(0, table_width, BLOCK_W):
+            j = j0 + tl.arange(0, BLOCK_W)
+            in_seq = take[:, None] & (j[None, :] < pages[:, None])
+            tl.store(mtab_ptr + s[:, None].to(tl.int64) * stride_mtab + j[None, :], start[:, None] + j[None, :],
+                     mask=take[:, None] & (j[None, :] < table_width))
+            tl.store(owner_ptr + start[:, None] + j[None, :], s[:, None] * 65536 + j[None, :], mask=in_seq)
+        used += tl.sum(pages, axis=0)
+
+
+@triton.jit(do_not_specialize=["block_size", "stride_btb"])
+def _mirror_kernel(
+    k_ptr, v_ptr, ks_ptr, vs_ptr, block_table_ptr, seq_lens_ptr, owner_ptr, mk_ptr, mv_ptr,
+    block_size, stride_btb,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+    stride_mb, stride_mt, stride_mh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, PAGE: tl.constexpr,
+    KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr,
+):  # fmt: skip
+    """BLOCK_T tokens of one kv head of one mirror page: codes x scales of its owner's tokens -> the mirror's
+    dtype. The grid covers the whole mirror (fixed size); free pages return at once."""
+    mpage = tl.program_id(0) // (PAGE // BLOCK_T)
+    kv_head = tl.program_id(1)
+    owner = tl.load(owner_ptr + mpage)
+    if owner < 0:
+        return
+    seq = owner // 65536
+    seq_len = tl.load(seq_lens_ptr + seq)
+    t0 = (owner % 65536) * PAGE + (tl.program_id(0) % (PAGE // BLOCK_T)) * BLOCK_T
+    if t0 >= seq_len:
+        return
+    t = t0 + tl.arange(0, BLOCK_T)
+    t_ok = t < seq_len
+    tok = tl.minimum(t, seq_len - 1)
+    page = tok // block_size
+    slot = tok - page * block_size
+    phys = tl.load(block_table_ptr + seq.to(tl.int64) * stride_btb + page).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = t_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    m_off = (mpage.to(tl.int64) * stride_mb + (tok % PAGE) * stride_mt + kv_head * stride_mh)[:, None] + offs_d[None, :]
+    for which in tl.static_range(2):
+        if which == 0:
+            codes = tl.load(k_ptr + (phys * stride_kb + slot * stride_kt + kv_head * stride_kh)[:, None]
+                            + offs_d[None, :], mask=mask, other=0)
+            scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh)
+            dst = mk_ptr
+        else:
+            codes = tl.load(v_ptr + (phys * stride_vb + slot * stride_vt + kv_head * stride_vh)[:, None]
+                            + offs_d[None, :], mask=mask, other=0)
+            scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
+            dst = mv_ptr
+        vals = codes_to_float(codes, tl.float32, KV_QUANT, FP8_SOFTWARE) * scale[:, None]
+        tl.store(dst + m_off, vals.to(dst.dtype.element_ty), mask=mask)
+
+
+_MIRRORS: dict = {}
+
+
+def mirror_tokens(env=None) -> int:
+    """Tokens the bf16 mirror of 8-bit caches holds (VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS; 0 = no mirror)."""
+    import os
+
+    raw = (os.environ if env is None else env).get(MIRROR_ENV, "").strip()
+    try:
+        n = int(raw) if raw else MIRROR_DEFAULT_TOKENS
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{MIRROR_ENV}={raw!r}: must be a token count >= 0 (0 turns the mirror off)")
+    return n
+
+
+def _mirror_buffer(device, num_heads_kv, head_dim, dtype, tokens):
+    """The mirror of this shape on this device, allocated once: [pages, 2, MIRROR_PAGE, kv_heads, head_dim]."""
+    pages = tokens // MIRROR_PAGE
+    key = (str(device), num_heads_kv, head_dim, dtype, pages)
+    if key not in _MIRRORS:
+        _MIRRORS[key] = torch.empty(pages, 2, MIRROR_PAGE, num_heads_kv, head_dim, dtype=dtype, device=device)
+    return _MIRRORS[key]
+
 
 def _fail(msg: str):
     raise ValueError(f"prefill_attention: {msg}")
@@ -276,8 +397,39 @@ def _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table,
         _fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
 
 
+def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
+            software_fp8, launch, sel=None, seq_filter=0):
+    num_tokens, hq, d = q.shape
+    _, block_size, hkv, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    group = hq // hkv
+    launch = dict(launch)
+    block_m = max(launch.pop("BLOCK_M"), triton.next_power_of_2(group))
+    block_n = launch.pop("BLOCK_N")
+    block_q = block_m // group
+    total_q_blocks = num_tokens // block_q + num_seqs
+    if kv_quant is None:
+        k_scales = v_scales = seq_lens  # unused placeholders
+        ks_strides = vs_strides = (0, 0, 0)
+    else:
+        ks_strides, vs_strides = k_scales.stride(), v_scales.stride()
+    _prefill_kernel[(total_q_blocks, hkv)](
+        q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table,
+        seq_lens if sel is None else sel,
+        float(scale) * _LOG2E, num_seqs, total_q_blocks, block_size,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
+        block_table.stride(0),
+        GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
+        KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8),
+        PTX=kv_quant is not None and _use_ptx(q.device), SEQ_FILTER=seq_filter, **launch,
+    )  # fmt: skip
+
+
 def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, scale, *, k_scales=None,
-                      v_scales=None, kv_quant=None, software_fp8=None, params=None):
+                      v_scales=None, kv_quant=None, software_fp8=None, max_seqlen_k=None, params=None,
+                      mirror_params=None, mirror=None):
     """Causal attention of a batch of query chunks over their paged KV; writes ``out`` and returns it.
 
     q, out: [num_tokens, q_heads, head_dim] fp16/bf16, the chunks of ``num_seqs`` sequences back to back
@@ -286,8 +438,11 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
     cache. k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim] in q's dtype, or uint8 codes with
     kv_quant "fp8" / "int8" and float32 k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides).
     block_table: int32 [>= num_seqs, max_blocks]. Rows past ``cu_seqlens_q[num_seqs]`` are not written.
-    software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()). params: launch
-    parameters (a dict like an entry of launch_params; None: the current target's).
+    software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).
+    max_seqlen_k: a host int >= every seq_len; with 8-bit caches and bf16 queries it enables the bf16 mirror
+    for chunks of MIRROR_MIN_QUERY tokens or more (see above; ``mirror``: its size in tokens, None: from
+    VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS, 0: off). params / mirror_params: the Triton launch for the cache's
+    width / for the bf16 mirror (dicts like launch_params' kv8 / kv16 entries; None: the current target's).
     """
     _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, k_scales, v_scales, kv_quant)
     num_tokens, hq, d = q.shape
@@ -295,31 +450,39 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return out
-    group = hq // hkv
-    if params is None:
-        params = launch_params.get_params(launch_params.current_target(q.device))["kv8" if kv_quant else "kv16"]
-    launch = dict(params)
-    block_m = launch.pop("BLOCK_M")
-    block_n = launch.pop("BLOCK_N")
-    block_m = max(block_m, triton.next_power_of_2(group))
-    block_q = block_m // group
-    total_q_blocks = num_tokens // block_q + num_seqs
-    if kv_quant is None:
-        k_scales = v_scales = seq_lens  # unused placeholders
-        ks_strides = vs_strides = (0, 0, 0)
-    else:
-        ks_strides, vs_strides = k_scales.stride(), v_scales.stride()
+    entry = None
+    if params is None or mirror_params is None:
+        entry = launch_params.get_params(launch_params.current_target(q.device))
+    params = params if params is not None else entry["kv8" if kv_quant else "kv16"]
     if software_fp8 is None:
         software_fp8 = kv_quant == "fp8" and use_software_fp8()
-    _prefill_kernel[(total_q_blocks, hkv)](
-        q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table,
-        float(scale) * _LOG2E, num_seqs, total_q_blocks, block_size,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
-        block_table.stride(0),
-        GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
-        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
-        KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8),
-        PTX=kv_quant is not None and _use_ptx(q.device), **launch,
+    tokens = mirror_tokens() if mirror is None else int(mirror)
+    # with 8-bit caches the mirror flow runs for every batch it can serve (a batch without long chunks marks no
+    # sequence and its mirror launches return at once), so the same kernels run whatever the batch holds
+    use_mirror = kv_quant is not None and q.dtype == torch.bfloat16 and max_seqlen_k is not None and tokens >= MIRROR_PAGE
+    if not use_mirror:
+        _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
+                software_fp8, params)
+        return out
+    buf = _mirror_buffer(q.device, hkv, d, q.dtype, tokens)
+    width = triton.cdiv(int(max_seqlen_k), MIRROR_PAGE)
+    sel = torch.empty(num_seqs, dtype=torch.int32, device=q.device)
+    mtab = torch.empty(num_seqs, width, dtype=torch.int32, device=q.device)
+    owner = torch.empty(buf.shape[0], dtype=torch.int32, device=q.device)
+    _plan_mirror_kernel[(1,)](
+        cu_seqlens_q, seq_lens, sel, mtab, owner, num_seqs, width, MIRROR_MIN_QUERY, buf.shape[0], mtab.stride(0),
+        PAGE=MIRROR_PAGE, BLOCK_S=_MIRROR_BLOCK_S, BLOCK_W=64, num_warps=4,
     )  # fmt: skip
+    mk, mv = buf[:, 0], buf[:, 1]
+    _mirror_kernel[(buf.shape[0] * (MIRROR_PAGE // _MIRROR_BLOCK_T), hkv)](
+        k_cache, v_cache, k_scales, v_scales, block_table, seq_lens, owner, mk, mv,
+        block_size, block_table.stride(0),
+        *k_cache.stride()[:3], *v_cache.stride()[:3], *k_scales.stride(), *v_scales.stride(), *mk.stride()[:3],
+        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=_MIRROR_BLOCK_T, PAGE=MIRROR_PAGE,
+        KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8), num_warps=4,
+    )  # fmt: skip
+    mirror_launch = mirror_params if mirror_params is not None else entry["kv16"]
+    _attend(q, mk, mv, None, None, out, cu_seqlens_q, seq_lens, mtab, scale, None, False, mirror_launch, sel, 1)
+    _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
+            software_fp8, params, sel, 2)
     return out

@@ -1,7 +1,8 @@
 """Prefill attention on a GPU at Qwen3.5-27B shapes (24 q / 4 kv heads x 256), against a float64 reference.
 
 Chunk lengths 1, 17, 4095 and 4096; histories off the page grid; several prefills and decodes in one batch;
-shuffled pages of 784 (bf16) and 1552 (8-bit) tokens; bf16, int8 and fp8 (hardware and software e4m3) caches;
+shuffled pages of 784 (bf16) and 1552 (8-bit) tokens; bf16, int8 and fp8 (hardware and software e4m3) caches,
+through the bf16 mirror and read directly;
 finite outputs for extreme finite inputs; the router's warmup compiles the only specialization, so varied
 batches afterwards compile nothing. Tolerances as in tests/test_prefill_attention.py (P and the output are
 rounded to bf16; 8-bit caches are compared on their dequantized values).
@@ -43,7 +44,7 @@ def make_case(chunks, kv_quant=None, seed=0, block_size=None, q_mag=1.0, k_mag=2
     q = (torch.randn(int(cu[-1]), HQ, D, device=DEV, generator=g) * q_mag).to(torch.bfloat16)
     k = torch.randn(num_blocks, block_size, HKV, D, device=DEV, generator=g) * k_mag
     v = torch.randn(num_blocks, block_size, HKV, D, device=DEV, generator=g) * v_mag
-    case = dict(q=q, cu=cu, seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEV), table=table)
+    case = dict(q=q, cu=cu, seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEV), table=table, max_k=max(lens))
     if kv_quant is None:
         kv = torch.stack([k, v], dim=1).to(torch.bfloat16)
         case.update(k=kv[:, 0], v=kv[:, 1])
@@ -62,7 +63,7 @@ def run(case, **kw):
     out = torch.full_like(case["q"], float("nan"))
     extra = {k: case[k] for k in ("k_scales", "v_scales", "kv_quant") if k in case}
     prefill_attention(case["q"], case["k"], case["v"], out, case["cu"], case["seq_lens"], case["table"], D**-0.5,
-                      **extra, **kw)
+                      max_seqlen_k=case["max_k"], **extra, **kw)
     return out
 
 
@@ -77,7 +78,8 @@ def check(out, case, rel_tol=1.2e-2):
     want = reference(case)
     err = out.double() - want
     rel = (err.norm() / want.norm()).item()
-    assert rel < rel_tol and err.abs().max().item() < 5e-2, f"relative {rel}, max abs {err.abs().max().item()}"
+    worst = (err.abs().max() / want.abs().max()).item()  # largest error against the output's scale
+    assert rel < rel_tol and worst < 2e-2, f"relative {rel}, max abs / max |ref| {worst}"
 
 
 @pytest.mark.parametrize("chunk,history", [(4096, 0), (4096, 3000), (4095, 16384 + 5), (17, 800), (1, 2000)])
@@ -85,17 +87,19 @@ def test_bf16_chunks_match_reference(chunk, history):
     check(run(make_case([(chunk, history)])), make_case([(chunk, history)]))
 
 
+@pytest.mark.parametrize("mirror", [None, 0], ids=["bf16-mirror", "direct"])
 @pytest.mark.parametrize("kv_quant,software", [("int8", False), ("fp8", False), ("fp8", True)])
-def test_8bit_chunks_match_dequantized_reference(kv_quant, software):
+def test_8bit_chunks_match_dequantized_reference(kv_quant, software, mirror):
     case = make_case([(4096, 1600)], kv_quant=kv_quant, seed=1)
-    check(run(case, software_fp8=software), case)
+    check(run(case, software_fp8=software, mirror=mirror), case)
 
 
-@pytest.mark.parametrize("kv_quant", [None, "int8"])
-def test_several_prefills_and_decodes_in_one_batch(kv_quant):
-    chunks = [(1, 5000), (300, 0), (1, 17), (1999, 785), (1, 1551), (64, 64)]
+@pytest.mark.parametrize("kv_quant,mirror", [(None, None), ("int8", None), ("int8", 4096)])
+def test_several_prefills_and_decodes_in_one_batch(kv_quant, mirror):
+    # with a 4096-token mirror only some long chunks fit; the rest read the 8-bit cache directly
+    chunks = [(1, 5000), (300, 0), (1, 17), (1999, 785), (1, 1551), (64, 64), (70, 3000)]
     case = make_case(chunks, kv_quant=kv_quant, seed=2)
-    check(run(case, software_fp8=True), case)
+    check(run(case, software_fp8=True, mirror=mirror), case)
 
 
 def test_page_size_16():
@@ -117,10 +121,12 @@ def test_8bit_values_across_the_range(kv_quant, v_mag):
 
 
 def _compiled():
-    return sum(len(c[0]) for c in pa_module._prefill_kernel.device_caches.values())
+    kernels = (pa_module._prefill_kernel, pa_module._plan_mirror_kernel, pa_module._mirror_kernel)
+    return sum(len(c[0]) for k in kernels for c in k.device_caches.values())
 
 
-@pytest.mark.parametrize("cache_dtype,kv_quant", [("auto", None), ("int8_per_token_head", "int8")])
+@pytest.mark.parametrize("cache_dtype,kv_quant", [("auto", None), ("int8_per_token_head", "int8"),
+                                                  ("fp8_per_token_head", "fp8")])
 def test_warmup_compiles_everything_later_batches_need(monkeypatch, cache_dtype, kv_quant):
     # the engine's shape as the metadata builder passes it; then batches of every kind a server sees. The router
     # must warm this checkout's kernel module (not an installed vllm.dcu_kernels copy) for the count to mean it.
