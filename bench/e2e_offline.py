@@ -39,6 +39,23 @@ def _load(name: str, path: Path):
     return mod
 
 
+def phase(name: str) -> None:
+    """A marker in stderr, where ci/gpu/diag logs Triton compiles: compiles are counted per phase."""
+    print(f"e2e-phase {name}", file=sys.stderr, flush=True)
+
+
+def compiles_by_phase(stderr: str) -> dict:
+    """{phase: [kernel, ...]} from the e2e-phase markers and ci/gpu/diag's triton-compile lines."""
+    out, cur = {"start": []}, "start"
+    for line in stderr.splitlines():
+        if line.startswith("e2e-phase "):
+            cur = line.split(" ", 1)[1].strip()
+            out.setdefault(cur, [])
+        elif line.startswith("triton-compile ") and " kernel=" in line:
+            out[cur].append(line.split(" kernel=", 1)[1].split(" ", 1)[0])
+    return out
+
+
 def worker(cfg: dict) -> None:
     dummy = _load("dummy_model", REPO / "ci" / "gpu" / "dummy_model.py")
     harness = _load("harness", REPO / "ci" / "gpu" / "harness.py")
@@ -53,6 +70,7 @@ def worker(cfg: dict) -> None:
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]})
     llm = LLM(**kw)
     start_s = time.perf_counter() - t0
+    phase("engine-up")
     rnd = random.Random(0)
 
     def gen(n_in: int, n_out: int) -> float:
@@ -68,7 +86,9 @@ def worker(cfg: dict) -> None:
     rows = []
     n_out = cfg["out_tokens"]
     for n_in in cfg["inputs"]:
+        phase(f"first-request-{n_in}")
         gen(n_in, 4)  # warm this length's shapes
+        phase(f"timed-{n_in}")
         ttft = min(gen(n_in, 1) for _ in range(2))
         tall = min(gen(n_in, 1 + n_out) for _ in range(2))
         rows.append(dict(input=n_in, ttft_ms=round(ttft * 1e3, 2), tpot_ms=round((tall - ttft) / n_out * 1e3, 4)))
@@ -89,6 +109,9 @@ def main() -> int:
     ap.add_argument("--out-tokens", type=int, default=128)
     ap.add_argument("--timeout-s", type=int, default=170, help="per configuration")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
+    ap.add_argument("--compile-log", action="store_true",
+                    help="log Triton compiles (ci/gpu/diag) and count them per phase: start, each length's first "
+                         "request, the timed requests")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -152,6 +175,14 @@ def main() -> int:
                 env_s = " ".join(f"{k}={v}" for k, v in (r.get("env") or {}).items()) or "-"
                 lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | {env_s} | {row['input']} | "
                              f"{row['ttft_ms']} | {row['tpot_ms']} | {rt} | {rp} |")
+        if any("compiles" in r for r in results):
+            lines += ["", "Triton compiles per phase (ci/gpu/diag): start = engine construction incl. warmups; "
+                      "first-request-N = the first request at each length; timed-N = the measured requests.", "",
+                      "| config | compiles by phase | kernels compiled after start |", "|---|---|---|"]
+            for r in results:
+                if "compiles" in r:
+                    ph = ", ".join(f"{k} {v}" for k, v in r["compiles"].items())
+                    lines.append(f"| {r['name']} | {ph} | {', '.join(r['compiled_after_start']) or '-'} |")
         md = "\n".join(lines) + "\n"
         results_io.write_text(out / f"{stem}.md", md)
         return md
@@ -161,13 +192,17 @@ def main() -> int:
         env = harness.variant_env(cfg["variant"], inprocess=True)
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         env.update(cfg["env"])
+        if args.compile_log:
+            env["PYTHONPATH"] = os.pathsep.join([str(REPO / "ci" / "gpu" / "diag"), env["PYTHONPATH"]])
         t = time.perf_counter()
+        stderr = ""
         try:
             p = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env, capture_output=True,
                                text=True, timeout=args.timeout_s)
-            text = p.stdout + p.stderr
+            text, stderr = p.stdout + p.stderr, p.stderr
         except subprocess.TimeoutExpired as e:
-            text = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+            stderr = (e.stderr or b"").decode(errors="replace")
+            text = (e.stdout or b"").decode(errors="replace") + stderr
             text += f"\nTIMEOUT after {args.timeout_s} s"
         res = next((json.loads(l[7:]) for l in text.splitlines() if l.startswith("RESULT ")), None)
         if res is None:
@@ -175,6 +210,10 @@ def main() -> int:
             print(f"e2e {cfg['name']}: FAILED after {time.perf_counter() - t:.0f} s\n{tail}", flush=True)
             res = dict(name=cfg["name"], variant=cfg["variant"], backend=cfg["backend"], kv=cfg["kv"], failed=True,
                        log_tail=tail)
+        elif args.compile_log:
+            res["compiles"] = {k: len(v) for k, v in compiles_by_phase(stderr).items()}
+            res["compiled_after_start"] = sorted({k for ph, ks in compiles_by_phase(stderr).items()
+                                                  if ph != "start" for k in ks})
         results.append(res)
         md = write(results)
     print(md, flush=True)

@@ -344,3 +344,20 @@ def test_e2e_offline_rejects_a_bad_configuration_with_one_line(spec, tmp_path):
     assert p.stderr.strip().splitlines() == [
         f"e2e_offline: error: bad configuration {spec!r}; expected NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE,...]"]
     assert os.listdir(tmp_path) == []
+
+
+def test_e2e_offline_counts_triton_compiles_per_phase():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("e2e_offline_under_test", os.path.join(REPO, "bench", "e2e_offline.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    stderr = "\n".join([
+        "triton-compile pid=1 t=1.0 s=2.10 kernel=vllm.a._prefill_kernel constexprs={}",
+        "e2e-phase engine-up", "some log line",
+        "e2e-phase first-request-4096",
+        "triton-compile pid=1 t=2.0 s=0.50 kernel=fla.ops.chunk_fwd_h constexprs={'BT': 64}",
+        "e2e-phase timed-4096",
+    ])
+    assert mod.compiles_by_phase(stderr) == {"start": ["vllm.a._prefill_kernel"], "engine-up": [],
+                                             "first-request-4096": ["fla.ops.chunk_fwd_h"], "timed-4096": []}
