@@ -105,48 +105,6 @@ def _weight_ok(weight, bias) -> bool:
                             and tuple(bias.shape) == (weight.shape[0],))
 
 
-def _measure_fns(weight, bias, silu_mul):
-    """measure(bucket) and warm(bucket) for DispatchTable.ensure, on ``weight`` itself (plus copies
-    when it fits in the L2 cache, so both sides read memory as in a decode step)."""
-    from vllm.dcu_kernels.gemv import gemv
-
-    k = weight.shape[1]
-    state = {}
-
-    def inputs(bucket):
-        g = torch.Generator(device=weight.device).manual_seed(bucket)
-        return (torch.randn(bucket, k, generator=g, device=weight.device, dtype=torch.float32) * 0.5).to(weight.dtype)
-
-    def weights():
-        if "w" not in state:
-            copies = 1
-            if weight.device.type == "cuda":
-                l2 = getattr(torch.cuda.get_device_properties(weight.device), "L2_cache_size", 0) or 64 << 20
-                copies = gemv_dispatch.l2_copies(weight.numel() * weight.element_size(), l2)
-            state["w"] = [weight] + [weight.clone() for _ in range(copies - 1)]
-        return state["w"]
-
-    def warm(bucket):
-        gemv(inputs(bucket), weight, bias, silu_mul=silu_mul)
-
-    def measure(bucket):
-        x = inputs(bucket)
-        ours = gemv(x, weight, bias, silu_mul=silu_mul).float()
-        ref = _platform(x, weight, bias, silu_mul).float()
-        rel = float((ours - ref).norm() / ref.norm().clamp_min(1e-30))
-        if not rel < 2e-2:  # also catches NaN
-            raise RuntimeError(f"the Triton GEMV differs from the platform GEMM by {rel:.2e} (relative) at "
-                               f"{bucket} rows")
-        ws = weights()
-        t = gemv_dispatch.time_on_device(
-            {"triton": lambda i: gemv(x, ws[i], bias, silu_mul=silu_mul),
-             "platform": lambda i: _platform(x, ws[i], bias, silu_mul)},
-            copies=len(ws), log=logger.warning)
-        return t["triton"], t["platform"]
-
-    return measure, warm, state
-
-
 def _choose(x, weight, bias, silu_mul) -> str:
     """'triton' or 'platform' for this call; measures the shape on first sight (outside graph capture)."""
     if not _weight_ok(weight, bias):
@@ -159,13 +117,17 @@ def _choose(x, weight, bias, silu_mul) -> str:
     key = gemv_dispatch.ShapeKey(weight.shape[0], weight.shape[1], str(weight.dtype).removeprefix("torch."),
                                  bias is not None, silu_mul)
     if key.id not in tab.entries:
-        measure, warm, state = _measure_fns(weight, bias, silu_mul)
+        from vllm.dcu_kernels.gemv import gemv
+
+        measure, warm, release = gemv_dispatch.device_measure(
+            weight, bias, lambda x, w, b: gemv(x, w, b, silu_mul=silu_mul),
+            lambda x, w, b: _platform(x, w, b, silu_mul), log=logger.warning)
         try:
             tab.ensure(key, measure, warm, capturing=capturing)
         except Exception as e:  # noqa: BLE001 - never fail a model over the GEMV: log and use the platform
             tab.fallback(key, f"measuring failed ({type(e).__name__}: {e})")
         finally:
-            state.clear()  # drop the weight copies
+            release()  # drop the weight copies
     rows = x.numel() // weight.shape[1] if weight.shape[1] else 0
     if not 1 <= rows <= MAX_ROWS or x.dtype != weight.dtype or x.device != device or not _aligned(x):
         return "platform"

@@ -214,7 +214,8 @@ def test_shape_key_names():
 def test_l2_copies():
     mib = 1 << 20
     assert d.l2_copies(254 * mib, 50 * mib) == 1
-    assert d.l2_copies(63 * mib, 50 * mib) == 1
+    assert d.l2_copies(100 * mib, 50 * mib) == 1
+    assert d.l2_copies(63 * mib, 50 * mib) == 2
     assert d.l2_copies(10 * mib, 50 * mib) == 10
     assert d.l2_copies(mib, 50 * mib) == 64  # capped
 

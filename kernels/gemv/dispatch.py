@@ -348,7 +348,52 @@ def time_on_device(calls: dict, copies: int = 1, *, reps: int = 7, min_calls: in
 
 def l2_copies(weight_bytes: int, l2_bytes: int, max_copies: int = 64) -> int:
     """How many copies of a weight to rotate through so that repeated calls read from memory, not
-    from the L2 cache: 1 when the weight alone is larger than the L2, else enough for twice its size."""
-    if weight_bytes <= 0 or weight_bytes >= l2_bytes:
+    from the L2 cache: enough for twice the L2's size (1 when the weight alone is that large)."""
+    if weight_bytes <= 0 or weight_bytes >= 2 * l2_bytes:
         return 1
     return max(1, min(max_copies, -(-2 * l2_bytes // weight_bytes)))
+
+
+def device_measure(weight, bias, triton_fn: Callable, platform_fn: Callable, *, max_rel_diff: float = 2e-2,
+                   log: Callable[[str], None] | None = None):
+    """(measure, warm, release) for ``DispatchTable.ensure`` on the model's own weight: ``triton_fn(x, w, b)``
+    against ``platform_fn(x, w, b)`` with random x of ``bucket`` rows. ``measure`` first checks the two
+    agree (relative difference below ``max_rel_diff``; a GEMV that computes garbage on some toolchain
+    must not win on speed), then times both with ``time_on_device``, rotating through copies of the
+    weight when it is smaller than twice the L2 cache. ``release()`` drops the copies."""
+    import torch
+
+    state = {}
+
+    def inputs(bucket):
+        g = torch.Generator(device=weight.device).manual_seed(bucket)
+        x = torch.randn(bucket, weight.shape[1], generator=g, device=weight.device, dtype=torch.float32)
+        return (x * 0.5).to(weight.dtype)
+
+    def weights():
+        if "w" not in state:
+            copies = 1
+            if weight.device.type == "cuda":
+                props = torch.cuda.get_device_properties(weight.device)
+                l2 = getattr(props, "L2_cache_size", 0) or 64 << 20
+                copies = l2_copies(weight.numel() * weight.element_size(), l2)
+            state["w"] = [weight] + [weight.clone() for _ in range(copies - 1)]
+        return state["w"]
+
+    def warm(bucket):
+        triton_fn(inputs(bucket), weight, bias)
+
+    def measure(bucket):
+        x = inputs(bucket)
+        ours = triton_fn(x, weight, bias).float()
+        ref = platform_fn(x, weight, bias).float()
+        rel = float((ours - ref).norm() / ref.norm().clamp_min(1e-30))
+        if not rel < max_rel_diff:  # also catches NaN
+            raise RuntimeError(f"the Triton GEMV differs from the platform GEMM by {rel:.2e} (relative) at "
+                               f"{bucket} rows")
+        ws = weights()
+        t = time_on_device({"triton": lambda i: triton_fn(x, ws[i], bias),
+                            "platform": lambda i: platform_fn(x, ws[i], bias)}, copies=len(ws), log=log)
+        return t["triton"], t["platform"]
+
+    return measure, warm, state.clear
