@@ -243,3 +243,38 @@ def test_bad_mode_fails_when_vllm_imports_its_layers(vllm_tree):
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last == "ValueError: VLLM_DCU_GEMV='fast' is not one of auto, triton, platform, off", proc.stderr[-2000:]
+
+
+def test_torch_compile_traces_the_mlp_hook_into_one_op(hook, monkeypatch):
+    import torch._dynamo
+    from vllm.model_executor.models.qwen2_moe import Qwen2MoeMLP
+
+    monkeypatch.setattr(hook.mod, "MODE", "triton")
+
+    class Mlp(torch.nn.Module):
+        forward = Qwen2MoeMLP.forward
+
+        def __init__(self, w):
+            super().__init__()
+            self.gate_up_proj = MergedColumnParallelLinear(w)
+            self.act_fn = None  # never called: the fused op covers it
+            self.down_proj = lambda x: (x, None)
+            self.expert_gate = None
+
+    w = weights(2 * N, K)
+    m = Mlp(w)
+    torch._dynamo.reset()
+    frames = []
+
+    def backend(gm, example_inputs):
+        frames.append([n.target for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    fn = torch.compile(m, backend=backend, fullgraph=True)
+    for rows in (16, 3):
+        x = torch.randn(rows, K).half()
+        torch._dynamo.mark_dynamic(x, 0)
+        assert close(fn(x), gemv_reference(x, w, silu_mul=True))
+    op = torch.ops.vllm.dcu_decode_gemm_silu_mul
+    assert len(frames) == 1 and (op in frames[0] or op.default in frames[0]), frames
+    assert m.gate_up_proj.calls == 0
