@@ -291,7 +291,8 @@ def main(argv=None):
             sys.exit("error: --smoke needs TRITON_INTERPRET=1 in the environment (set before Triton is imported)")
         smoke_setup()
     elif not torch.cuda.is_available():
-        sys.exit("error: the bench needs a CUDA/HIP GPU (torch.cuda.is_available() is False); --smoke runs it on the CPU")
+        sys.exit("error: the bench needs a CUDA/HIP GPU (torch.cuda.is_available() is False); "
+                 "--smoke runs it on the CPU")
     import triton
 
     t_start = time.time()
@@ -320,7 +321,9 @@ def main(argv=None):
         log(f"sweep done in {time.time() - t_start:.0f} s")
     else:
         entry = base
-        source = f"launch_params['{target}']" + (f" with {launch_params.ENV_VAR}" if os.environ.get(launch_params.ENV_VAR) else "")
+        source = f"launch_params['{target}']"
+        if os.environ.get(launch_params.ENV_VAR):
+            source += f" with {launch_params.ENV_VAR}"
 
     table = []
     for op in ops:

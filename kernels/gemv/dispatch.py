@@ -193,7 +193,8 @@ class DispatchTable:
         except (OSError, ValueError) as e:
             self.warn(f"dcu-gemv: ignoring unreadable cache {self.path} ({type(e).__name__}: {e}); re-measuring")
             return {}
-        if not isinstance(doc, dict) or doc.get("identity") != self.identity or not isinstance(doc.get("entries"), dict):
+        ok = isinstance(doc, dict) and doc.get("identity") == self.identity and isinstance(doc.get("entries"), dict)
+        if not ok:
             self.warn(f"dcu-gemv: ignoring cache {self.path}: not a table for this device and versions")
             return {}
         return doc["entries"]

@@ -227,10 +227,11 @@ def check_config(cfg: dict, where: str, rocm: bool | None = None, rows: int | No
         lanes = cfg["num_warps"] * (64 if rocm else 32)
         per_lane = rows * cfg["BLOCK_N"] * cfg["BLOCK_K"] * (2 if silu_mul else 1) // lanes
         if per_lane > _MAX_FMA_ACC_PER_LANE:
+            twice = " x 2 (silu_mul)" if silu_mul else ""
             raise ValueError(
                 f"{where}: the FMA accumulator would need {per_lane} fp32 registers per lane "
-                f"({rows} rows x BLOCK_N {cfg['BLOCK_N']} x BLOCK_K {cfg['BLOCK_K']}{' x 2 (silu_mul)' if silu_mul else ''}"
-                f" / {lanes} lanes), limit {_MAX_FMA_ACC_PER_LANE}: lower BLOCK_N or BLOCK_K, raise num_warps, or use DOT 1")
+                f"({rows} rows x BLOCK_N {cfg['BLOCK_N']} x BLOCK_K {cfg['BLOCK_K']}{twice} / {lanes} lanes), "
+                f"limit {_MAX_FMA_ACC_PER_LANE}: lower BLOCK_N or BLOCK_K, raise num_warps, or use DOT 1")
     return cfg
 
 
