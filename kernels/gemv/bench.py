@@ -1,0 +1,375 @@
+"""Microbenchmark: the decode GEMV vs the platform GEMM (F.linear: cuBLAS / hipBLASLt) at Qwen3.5-27B's shapes.
+
+    python -m kernels.gemv.bench [--out DIR] [--quick] [--budget-s S] [--tag T] [--smoke]
+
+Every dense decode GEMM of Qwen3.5-27B (N x K, bf16, no bias) at 1, 2, 4 and 8 rows, plus gate_up
+fused with SiLU-and-mul against F.linear followed by a separate SiLU-and-mul kernel. Needs only torch
+and Triton (no vLLM). Every side is captured in a CUDA/HIP graph and replayed (median of 7 replays;
+kernels/gemv/dispatch.py's timer, the one vLLM's dispatch uses at startup); weights smaller than
+twice the L2 cache are rotated through enough copies that each call reads memory. GB/s = (W + x +
+out) bytes / time; % = of a measured device copy (read + write bytes / time).
+
+First a bounded sweep of launch parameters per (shape, row bucket) (--quick skips it and uses the
+table or VLLM_DCU_GEMV_PARAMS; --budget-s caps it, default 150 s), then the main table with the
+best configuration found, what the dispatch would pick (the GEMV must be > 1% faster), and the
+relative error of both sides against float64. Prints the suggested launch_params entry for this
+device, then the table last; writes <date>-<gpu>-gemv[-<tag>].{json,md} into --out (default $OUT or
+bench/results/). On one H200 the whole run takes about 2-3 minutes, most of it Triton compiles.
+--smoke runs the same code on the CPU (TRITON_INTERPRET=1) at toy shapes, to test the script.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+if __name__ == "__main__" and not __package__:  # run as a file: python kernels/gemv/bench.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    __package__ = "kernels.gemv"  # noqa: A001
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from . import dispatch, launch_params  # noqa: E402
+from ..results_io import write_text  # noqa: E402
+
+# (name, N, K, fused SiLU-and-mul): every dense decode GEMM of Qwen3.5-27B at TP 1
+SHAPES = [
+    ("in_proj_qkvz", 16384, 5120, False),
+    ("in_proj_ba", 96, 5120, False),
+    ("attn qkv+gate", 14336, 5120, False),
+    ("o_proj / out_proj", 5120, 6144, False),
+    ("gate_up", 34816, 5120, False),
+    ("down", 5120, 17408, False),
+    ("lm_head", 248320, 5120, False),
+    ("gate_up + silu_mul", 34816, 5120, True),
+]
+ROWS = (1, 2, 4, 8)
+DTYPE = torch.bfloat16
+DEV = "cuda"
+SMOKE = False
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def smoke_setup():
+    """--smoke: the whole flow in Triton's CPU interpreter at toy shapes; the numbers mean nothing."""
+    global SHAPES, ROWS, DEV, SMOKE
+    SHAPES = [("small-n", 6, 96, False), ("b+silu", 2 * 20, 48, True)]
+    ROWS, DEV, SMOKE = (1, 4), "cpu", True
+    # in the repository: the tests' workarounds for Triton 3.6 interpreter bugs (numpy >= 2.4 loop bounds)
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests")
+    if os.path.isfile(os.path.join(tests, "triton_interp_compat.py")):
+        sys.path.insert(0, tests)
+        import triton_interp_compat  # noqa: F401
+
+
+# --- sweep grid ---------------------------------------------------------------------------------
+
+def sweep_grid(bucket: int, rocm: bool = False, silu: bool = False) -> list:
+    """Launch configurations tried for a row bucket (every distinct one is a Triton compile, so the grid
+    is small). DOT configurations compile once for all buckets (x is padded to 16 rows)."""
+    if SMOKE:
+        return [{"DOT": 0, "BLOCK_N": 4, "BLOCK_K": 16, "num_warps": 1, "num_stages": 1},
+                {"DOT": 1, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 1, "num_stages": 1}]
+    if rocm:
+        extra = {"matrix_instr_nonkdim": 16}
+        dot = [(16, 256, 4, 2), (16, 512, 4, 1), (32, 128, 4, 2), (32, 256, 4, 2), (64, 128, 4, 2)]
+        fma = [(8, 512, 4), (16, 512, 4), (16, 256, 4), (32, 256, 8), (16, 1024, 8)]
+    else:
+        extra = {}
+        dot = [(16, 256, 4, 3), (16, 512, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3)]
+        fma = [(8, 512, 4), (16, 512, 4), (16, 256, 4), (32, 256, 4), (16, 1024, 8), (32, 512, 8)]
+    grid = [dict(DOT=1, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s, **extra) for bn, bk, w, s in dot]
+    fma_cfgs = [dict(DOT=0, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=1) for bn, bk, w in fma]
+    if silu:  # two W tiles and two accumulators per step: half the rows per program
+        fma_cfgs = [dict(c, BLOCK_N=max(1, c["BLOCK_N"] // 2)) for c in fma_cfgs]
+    lanes = 64 if rocm else 32
+    for c in fma_cfgs if bucket <= 2 else []:
+        # at 2 rows only tiles whose accumulators take <= 64 registers per lane (compiled for sm90, 128
+        # took 210-215 registers in all)
+        per_lane = bucket * c["BLOCK_N"] * c["BLOCK_K"] * (2 if silu else 1) // (c["num_warps"] * lanes)
+        if bucket == 1 or per_lane <= 64:
+            launch_params.check_config(dict(c), "sweep", rocm=rocm, rows=bucket, silu_mul=silu)
+            grid.append(c)
+    return grid
+
+
+def split_candidates(n_out: int) -> list:
+    """Explicit K splits tried (stage 2) where N alone gives few programs."""
+    if n_out < 1024:
+        return [4, 8, 16]
+    if n_out <= 8192:
+        return [1, 2, 4]
+    return []
+
+
+# --- setup and timing ---------------------------------------------------------------------------
+
+class Op:
+    """One GEMM of the table: weight copies (enough to exceed the L2), inputs per row bucket."""
+
+    def __init__(self, name, n, k, silu, l2_bytes):
+        self.name, self.n, self.k, self.silu = name, n, k, silu
+        self.n_out = n // 2 if silu else n
+        g = torch.Generator(device=DEV).manual_seed(n * 7 + k)
+        w = (torch.randn(n, k, generator=g, device=DEV) / math.sqrt(k)).to(DTYPE)
+        self.copies = 1 if SMOKE else dispatch.l2_copies(w.numel() * w.element_size(), l2_bytes)
+        self.w = [w] + [w.clone() for _ in range(self.copies - 1)]
+        self.x = {r: torch.randn(r, k, generator=g, device=DEV).to(DTYPE) for r in ROWS}
+
+    def bytes(self, rows):
+        return 2 * (self.n * self.k + rows * self.k + rows * self.n_out)
+
+    def triton(self, rows, cfg):
+        from .gemv import gemv
+
+        x = self.x[rows]
+        return lambda i: gemv(x, self.w[i], None, silu_mul=self.silu, config=cfg)
+
+    def platform(self, rows):
+        from .silu_mul import silu_and_mul
+
+        x = self.x[rows]
+        if self.silu:
+            return lambda i: silu_and_mul(F.linear(x, self.w[i]))
+        return lambda i: F.linear(x, self.w[i])
+
+    def free(self):
+        self.w, self.x = [], {}
+
+
+def timed(calls: dict, copies: int) -> dict:
+    if SMOKE:
+        out = {}
+        for name, fn in calls.items():
+            fn(0)
+            t0 = time.perf_counter()
+            fn(0)
+            out[name] = (time.perf_counter() - t0) * 1e6
+        return out
+    return dispatch.time_on_device(calls, copies, reps=7, log=log)
+
+
+def copy_bandwidth():
+    if SMOKE:
+        return 10.0
+    n = 2 * 1024**3
+    a = torch.empty(n, dtype=torch.uint8, device=DEV)
+    b = torch.empty_like(a)
+    us = dispatch.time_on_device({"copy": lambda i: b.copy_(a)}, 1, reps=7, min_calls=2)["copy"]
+    del a, b
+    return 2 * n / (us * 1e-6) / 1e9
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def cfg_key(cfg):
+    return json.dumps(cfg, sort_keys=True)
+
+
+# --- sweep --------------------------------------------------------------------------------------
+
+def sweep(ops, rocm, deadline, rows_out):
+    """{(op name, bucket): {cfg_key: us}} for the grid (stage 1, split from the policy) and explicit
+    splits of the two best configurations where N is small (stage 2). Stops adding work at ``deadline``."""
+    results = {}
+    skipped = 0
+    for stage in (1, 2):
+        for op in ops:
+            for rows in ROWS:
+                res = results.setdefault((op.name, rows), {})
+                if stage == 1:
+                    cands = sweep_grid(rows, rocm, op.silu)
+                else:
+                    best = sorted(res.items(), key=lambda kv: kv[1])[:2]
+                    cands = [dict(json.loads(k), SPLIT_K=s) for k, _ in best for s in split_candidates(op.n_out)
+                             if "SPLIT_K" not in json.loads(k)]
+                for cfg in cands:
+                    if time.time() > deadline:
+                        skipped += 1
+                        continue
+                    key = cfg_key(cfg)
+                    if key in res:
+                        continue
+                    t0 = time.time()
+                    try:
+                        us = timed({"triton": op.triton(rows, cfg)}, op.copies)["triton"]
+                    except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: record, go on
+                        rows_out.append(dict(op=op.name, rows=rows, config=cfg, error=f"{type(e).__name__}: {e}"[:200]))
+                        log(f"sweep {op.name} rows {rows} {cfg}: {type(e).__name__}: {str(e)[:120]}")
+                        continue
+                    res[key] = us
+                    rows_out.append(dict(op=op.name, rows=rows, config=cfg, us=round(us, 2)))
+                    log(f"sweep {op.name} rows {rows} {cfg}: {us:.1f} us ({time.time() - t0:.1f} s)")
+    if skipped:
+        log(f"sweep: {skipped} configurations skipped at the --budget-s deadline")
+    return results, skipped
+
+
+def suggest_entry(target, ops, results, base):
+    """The launch_params entry the sweep supports: per row bucket (plain and fused) the configuration with
+    the best geometric mean of time / the shape's best time over the shapes it ran on; per-shape
+    overrides where a shape's own best (incl. an explicit SPLIT_K) is > 3% faster than that."""
+    entry = json.loads(json.dumps(base))
+    entry["measured"] = True
+    entry["shapes"] = {}
+    for silu, table in ((False, "rows"), (True, "silu_rows")):
+        group = [op for op in ops if op.silu == silu]
+        if not group:
+            continue
+        for rows in ROWS:
+            per_op = [results.get((op.name, rows), {}) for op in group]
+            per_op = [r for r in per_op if r]
+            if not per_op:
+                continue
+            common = set.intersection(*(set(k for k in r if "SPLIT_K" not in json.loads(k)) for r in per_op))
+            if not common:
+                continue
+            score = {k: geomean([r[k] / min(r.values()) for r in per_op]) for k in common}
+            default = min(score, key=score.get)
+            entry[table][str(rows)] = json.loads(default)
+            for op in group:
+                r = results.get((op.name, rows), {})
+                if not r or default not in r:
+                    continue
+                best = min(r, key=r.get)
+                if r[best] < 0.97 * r[default]:
+                    cfg = json.loads(best)
+                    diff = {k: v for k, v in cfg.items() if entry[table][str(rows)].get(k) != v}
+                    name = launch_params.shape_name(op.n, op.k, op.silu)
+                    entry["shapes"].setdefault(name, {})[str(rows)] = diff
+    # the entry must pass the table's own validation
+    text = json.dumps({k: entry[k] for k in ("rows", "silu_rows", "shapes")})
+    launch_params.get_params(target, override=text)
+    return entry
+
+
+# --- report -------------------------------------------------------------------------------------
+
+def rel_error(y, ref):
+    return float((y.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def markdown(meta, rows):
+    out = [f"# Decode GEMV: {meta['device']}", "", f"Command: `{meta['command']}`", "",
+           f"Device copy bandwidth (read + write): {meta['copy_GBps']:.0f} GB/s. Platform GEMM: F.linear "
+           f"({meta['platform']}); for the fused row, F.linear then a separate SiLU-and-mul kernel. bf16, no bias.",
+           f"GEMV configuration: {meta['config_source']}. Times in us per call, CUDA/HIP-graph replay, median of 7;"
+           " weights rotated through copies larger than the L2 cache.",
+           "GB/s = (W + x + out) bytes / time; % = of copy bandwidth; T/P = GEMV time / platform time (< 1: GEMV"
+           " faster); pick = the dispatch's choice (GEMV only when > 1% faster); err = ||y - y64|| / ||y64||"
+           " against float64.", "",
+           "| GEMM | N x K | rows | GEMV us | GB/s | % copy | platform us | GB/s | % copy | T/P | pick | "
+           "GEMV err | platform err | config |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
+        out.append(f"| {r['op']} | {r['n']}x{r['k']} | {r['rows']} | {r['triton_us']:.1f} | {r['triton_GBps']:.0f} | "
+                   f"{r['triton_pct']:.0f}% | {r['platform_us']:.1f} | {r['platform_GBps']:.0f} | "
+                   f"{r['platform_pct']:.0f}% | {r['ratio']:.3f} | {r['pick']} | {r['triton_err']:.1e} | "
+                   f"{r['platform_err']:.1e} | {cfg} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
+    ap.add_argument("--quick", action="store_true", help="skip the sweep: launch_params / VLLM_DCU_GEMV_PARAMS")
+    ap.add_argument("--budget-s", type=float, default=150.0, help="stop the sweep after this many seconds")
+    ap.add_argument("--tag", default="", help="appended to the output file names")
+    ap.add_argument("--smoke", action="store_true", help="check the script on the CPU (TRITON_INTERPRET=1)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            sys.exit("error: --smoke needs TRITON_INTERPRET=1 in the environment (set before Triton is imported)")
+        smoke_setup()
+    elif not torch.cuda.is_available():
+        sys.exit("error: the bench needs a CUDA/HIP GPU (torch.cuda.is_available() is False); "
+                 "--smoke runs it on the CPU")
+    import triton
+
+    t_start = time.time()
+    target = launch_params.current_target(torch.device(DEV) if DEV == "cuda" else None)
+    base = launch_params.get_params(target)  # a bad VLLM_DCU_GEMV_PARAMS fails here, once
+    rocm = bool(torch.version.hip) or target.startswith("gfx")
+    if SMOKE:
+        name, l2, platform = "cpu-smoke", 1 << 20, "torch CPU"
+    else:
+        props = torch.cuda.get_device_properties(0)
+        name = props.name
+        l2 = getattr(props, "L2_cache_size", 0) or 64 << 20
+        platform = f"hipBLASLt/rocBLAS, HIP {torch.version.hip}" if rocm else f"cuBLAS, CUDA {torch.version.cuda}"
+    log(f"device {name} (target {target}), L2 {l2 >> 20} MiB; torch {torch.__version__}, triton {triton.__version__}")
+    copy_gbps = copy_bandwidth()
+    log(f"device copy bandwidth: {copy_gbps:.0f} GB/s ({time.time() - t_start:.0f} s)")
+
+    ops = []
+    for op_name, n, k, silu in SHAPES:
+        ops.append(Op(op_name, n, k, silu, l2))
+    sweep_rows, results, skipped = [], {}, 0
+    if not args.quick:
+        results, skipped = sweep(ops, rocm, t_start + args.budget_s, sweep_rows)
+        entry = suggest_entry(target, ops, results, base)
+        source = f"sweep (entry below; {skipped} configurations skipped at the time budget)"
+        log(f"sweep done in {time.time() - t_start:.0f} s")
+    else:
+        entry = base
+        source = f"launch_params['{target}']"
+        if os.environ.get(launch_params.ENV_VAR):
+            source += f" with {launch_params.ENV_VAR}"
+
+    table = []
+    for op in ops:
+        for rows in ROWS:
+            cfg = launch_params.config_for(target, op.n, op.k, rows, op.silu, entry=entry)
+            t = timed({"triton": op.triton(rows, cfg), "platform": op.platform(rows)}, op.copies)
+            x = op.x[rows]
+            ref = x.double() @ op.w[0].double().T
+            if op.silu:
+                d = op.n_out
+                ref = ref[:, :d] * torch.sigmoid(ref[:, :d]) * ref[:, d:]
+            errs = (rel_error(op.triton(rows, cfg)(0), ref), rel_error(op.platform(rows)(0), ref))
+            del ref
+            gb = op.bytes(rows) / 1e9
+            r = dict(op=op.name, n=op.n, k=op.k, silu_mul=op.silu, rows=rows, config=cfg,
+                     triton_us=round(t["triton"], 2), platform_us=round(t["platform"], 2),
+                     triton_GBps=gb / (t["triton"] * 1e-6), platform_GBps=gb / (t["platform"] * 1e-6),
+                     ratio=t["triton"] / t["platform"], pick=dispatch.decide(t["triton"], t["platform"]),
+                     triton_err=errs[0], platform_err=errs[1])
+            r["triton_pct"] = 100 * r["triton_GBps"] / copy_gbps
+            r["platform_pct"] = 100 * r["platform_GBps"] / copy_gbps
+            table.append(r)
+            log(f"{op.name} rows {rows}: GEMV {t['triton']:.1f} us ({r['triton_pct']:.0f}%), platform "
+                f"{t['platform']:.1f} us ({r['platform_pct']:.0f}%) -> {r['pick']}")
+        op.free()
+
+    stamp = datetime.date.today().isoformat()
+    dev = name.replace(" ", "-").lower()
+    base_path = os.path.join(args.out, f"{stamp}-{dev}-gemv" + (f"-{args.tag}" if args.tag else ""))
+    command = "python -m kernels.gemv.bench" + " ".join([""] + (argv if argv is not None else sys.argv[1:]))
+    meta = dict(device=name, target=target, copy_GBps=copy_gbps, platform=platform, config_source=source,
+                torch=torch.__version__, triton=triton.__version__, command=command.replace(f" --out {args.out}", ""),
+                seconds=round(time.time() - t_start), swept=not args.quick, sweep_skipped=skipped,
+                suggested_launch_params_entry=entry if not args.quick else None)
+    md = markdown(meta, table)
+    if not args.quick:
+        md += (f"\nSuggested `launch_params.PARAMS[{target!r}]` (from the sweep):\n\n```\n"
+               f"{json.dumps(entry)}\n```\n")
+    write_text(base_path + ".json", json.dumps(dict(meta=meta, rows=table, sweep=sweep_rows), indent=1))
+    write_text(base_path + ".md", md)
+    log(f"wrote {base_path}.{{json,md}} in {time.time() - t_start:.0f} s")
+    if not args.quick:
+        print(f"Suggested launch_params.PARAMS[{target!r}]:\n{json.dumps(entry)}\n")
+    print(md.split("\nSuggested")[0])
+    return base_path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""The decode GEMV's dispatch table (kernels/gemv/dispatch.py) without a GPU and without vLLM.
+
+Timings are injected: ``measure(bucket) -> (triton_us, platform_us)``, ``warm(bucket)``. Covers the
+VLLM_DCU_GEMV values and the bad-value error, the choice with its 1% hysteresis, the JSON cache
+(hit skips timing, keyed by device and versions, atomic write, unreadable files), graph capture
+and freezing.
+"""
+import json
+import os
+
+import pytest
+
+from kernels.gemv import dispatch as d
+
+IDENT = d.cache_identity("NVIDIA H200 132 CUs", {"torch": "2.11.0", "triton": "3.6.0", "vllm": "0.18.1+dcu.7.abc"})
+KEY = d.ShapeKey(16384, 5120, "bfloat16")
+KEY_SMALL = d.ShapeKey(96, 5120, "bfloat16", bias=True)
+
+
+class Recorder:
+    """measure/warm callables with scripted timings, counting calls."""
+
+    def __init__(self, times):
+        self.times = times  # bucket -> (triton_us, platform_us)
+        self.measured, self.warmed = [], []
+
+    def measure(self, b):
+        self.measured.append(b)
+        return self.times[b]
+
+    def warm(self, b):
+        self.warmed.append(b)
+
+
+def make_table(tmp_path, mode="auto", ident=IDENT, logs=None):
+    logs = [] if logs is None else logs
+    return d.DispatchTable(mode, ident, cache_dir=tmp_path, log=logs.append), logs
+
+
+TIMES = {1: (40.0, 50.0), 2: (49.8, 50.0), 4: (60.0, 50.0), 8: (float("nan"), 50.0)}
+
+
+@pytest.mark.parametrize("raw,mode", [(None, "auto"), ("", "auto"), ("auto", "auto"), ("Triton", "triton"),
+                                      (" platform ", "platform"), ("off", "off")])
+def test_mode_values(raw, mode):
+    env = {} if raw is None else {d.ENV_MODE: raw}
+    assert d.read_mode(env) == mode
+
+
+def test_bad_mode_is_one_error_naming_the_allowed_values():
+    with pytest.raises(ValueError) as info:
+        d.read_mode({d.ENV_MODE: "fast"})
+    msg = str(info.value)
+    assert msg == "VLLM_DCU_GEMV='fast' is not one of auto, triton, platform, off"
+    with pytest.raises(ValueError, match="VLLM_DCU_GEMV_SILU_MUL='yes' is not one of 0, 1"):
+        d.read_silu_mul({d.ENV_SILU_MUL: "yes"})
+    assert d.read_silu_mul({}) is True and d.read_silu_mul({d.ENV_SILU_MUL: "0"}) is False
+
+
+def test_decide_keeps_the_platform_unless_triton_wins_by_more_than_one_percent():
+    assert d.decide(40.0, 50.0) == "triton"
+    assert d.decide(49.4, 50.0) == "triton"  # 1.2% faster
+    assert d.decide(49.6, 50.0) == "platform"  # 0.8% faster: within the hysteresis
+    assert d.decide(50.0, 50.0) == "platform"
+    assert d.decide(float("nan"), 50.0) == "platform"
+    assert d.decide(10.0, float("inf")) == "triton"
+
+
+def test_row_buckets():
+    assert [d.bucket_of(r) for r in range(0, 10)] == [None, 1, 2, 4, 4, 8, 8, 8, 8, None]
+
+
+def test_auto_measures_every_bucket_once_and_picks_the_faster(tmp_path):
+    tab, logs = make_table(tmp_path)
+    rec = Recorder(TIMES)
+    entry = tab.ensure(KEY, rec.measure, rec.warm)
+    assert rec.measured == [1, 2, 4, 8]
+    assert {b: e["choice"] for b, e in entry.items()} == {1: "triton", 2: "platform", 4: "platform", 8: "platform"}
+    assert [tab.choice(KEY, r) for r in range(1, 10)] == ["triton"] + ["platform"] * 8
+    tab.ensure(KEY, rec.measure, rec.warm)  # second sight: a lookup
+    assert rec.measured == [1, 2, 4, 8]
+    assert len(logs) == 1 and logs[0].startswith("dcu-gemv: 16384x5120:bfloat16 (measured): rows 1: triton 40.0 / "
+                                                 "platform 50.0 us -> triton; rows 2:")
+
+
+def test_unknown_shape_or_more_than_8_rows_is_the_platform(tmp_path):
+    tab, _ = make_table(tmp_path)
+    assert tab.choice(KEY, 1) == "platform"
+    tab.ensure(KEY, Recorder({b: (1.0, 50.0) for b in d.BUCKETS}).measure, lambda b: None)
+    assert tab.choice(KEY, 8) == "triton" and tab.choice(KEY, 9) == "platform" and tab.choice(KEY, 0) == "platform"
+
+
+def test_cache_hit_skips_timing_and_warms_only_the_triton_buckets(tmp_path):
+    tab, _ = make_table(tmp_path)
+    tab.ensure(KEY, Recorder(TIMES).measure, lambda b: None)
+    assert tab.path.exists()
+    tab2, logs = make_table(tmp_path)
+    rec = Recorder({})
+    entry = tab2.ensure(KEY, rec.measure, rec.warm)
+    assert rec.measured == [] and rec.warmed == [1]
+    assert entry == tab.entries[KEY.id]
+    assert "(cached, gemv-dispatch-" in logs[0]
+
+
+def test_cache_is_keyed_by_device_and_versions(tmp_path):
+    tab, _ = make_table(tmp_path)
+    tab.ensure(KEY, Recorder(TIMES).measure, lambda b: None)
+    for change in ({"device": "AMD BW1000 gfx936 80 CUs"}, {"triton": "3.7.0"}, {"vllm": "0.18.1+dcu.7.def"}):
+        ident = {**IDENT, **change}
+        other, _ = make_table(tmp_path, ident=ident)
+        assert other.path != tab.path
+        rec = Recorder(TIMES)
+        other.ensure(KEY, rec.measure, rec.warm)
+        assert rec.measured == [1, 2, 4, 8]
+    assert len(list(tmp_path.glob("gemv-dispatch-*.json"))) == 4
+    doc = json.loads(tab.path.read_text())
+    assert doc["identity"] == IDENT and set(doc["entries"]) == {KEY.id}
+
+
+def test_shapes_of_two_processes_merge_in_one_file(tmp_path):
+    a, _ = make_table(tmp_path)
+    b, _ = make_table(tmp_path)
+    a.ensure(KEY, Recorder(TIMES).measure, lambda _: None)
+    b.ensure(KEY_SMALL, Recorder(TIMES).measure, lambda _: None)
+    assert set(json.loads(a.path.read_text())["entries"]) == {KEY.id, KEY_SMALL.id}
+
+
+def test_cache_write_is_atomic(tmp_path, monkeypatch):
+    tab, _ = make_table(tmp_path)
+    tab.ensure(KEY, Recorder(TIMES).measure, lambda _: None)
+    before = tab.path.read_bytes()
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(d.os, "replace", broken_replace)
+    tab2, logs = make_table(tmp_path)
+    tab2.ensure(KEY_SMALL, Recorder(TIMES).measure, lambda _: None)  # measured; the save fails
+    assert tab2.choice(KEY_SMALL, 1) == "triton"
+    assert tab.path.read_bytes() == before  # the old table is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tab.path.name]  # no temporary file left
+    assert any("could not write the cache" in line for line in logs)
+
+
+def test_write_json_atomic_goes_through_a_temporary_file(tmp_path, monkeypatch):
+    seen = []
+    real_replace = os.replace
+
+    def spy(src, dst):
+        seen.append((os.path.dirname(src), os.path.basename(src), dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(d.os, "replace", spy)
+    path = tmp_path / "sub" / "t.json"
+    d.write_json_atomic(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+    (folder, tmp_name, dst), = seen
+    assert folder == str(path.parent) and tmp_name.startswith(".t.json.") and dst == path
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"identity": {"device": "x"}, "entries": {}}),
+                                     json.dumps({"identity": IDENT, "entries": {KEY.id: {"1": {"choice": "gpu"}}}})])
+def test_unreadable_or_foreign_cache_is_measured_again(tmp_path, content):
+    tab, logs = make_table(tmp_path)
+    tab.path.parent.mkdir(parents=True, exist_ok=True)
+    tab.path.write_text(content)
+    rec = Recorder(TIMES)
+    tab.ensure(KEY, rec.measure, rec.warm)
+    assert rec.measured == [1, 2, 4, 8]
+    assert json.loads(tab.path.read_text())["identity"] == IDENT
+
+
+def test_forced_modes_do_not_time(tmp_path):
+    tab, logs = make_table(tmp_path, mode="triton")
+    rec = Recorder({})
+    tab.ensure(KEY, rec.measure, rec.warm)
+    assert rec.measured == [] and rec.warmed == [1, 2, 4, 8]  # every bucket compiled now, not while serving
+    assert all(tab.choice(KEY, r) == "triton" for r in range(1, 9)) and tab.choice(KEY, 9) == "platform"
+    tab, logs = make_table(tmp_path, mode="platform")
+    tab.ensure(KEY, rec.measure, rec.warm)
+    assert rec.warmed == [1, 2, 4, 8] and all(tab.choice(KEY, r) == "platform" for r in range(1, 9))
+    assert not list(tmp_path.glob("*.json"))  # nothing measured, nothing cached
+    with pytest.raises(ValueError, match="not one of"):
+        d.DispatchTable("fast", IDENT, cache_dir=tmp_path)
+
+
+def test_no_timing_during_graph_capture_or_after_freeze(tmp_path):
+    tab, logs = make_table(tmp_path)
+    rec = Recorder(TIMES)
+    tab.ensure(KEY, rec.measure, rec.warm, capturing=True)
+    assert rec.measured == [] and rec.warmed == [] and tab.choice(KEY, 1) == "platform"
+    assert "first seen during CUDA/HIP graph capture" in logs[-1]
+    tab.ensure(KEY_SMALL, rec.measure, rec.warm)  # before the freeze: measured
+    tab.freeze()
+    assert "table complete (auto): 2 shapes, the Triton GEMV in 1 of 8" in logs[-1]
+    other = d.ShapeKey(5120, 17408, "bfloat16")
+    tab.ensure(other, rec.measure, rec.warm)
+    assert rec.measured == [1, 2, 4, 8] and tab.choice(other, 1) == "platform"
+    assert "first seen after the warm-up" in logs[-1]
+    assert set(json.loads(tab.path.read_text())["entries"]) == {KEY_SMALL.id}  # only measured shapes are cached
+
+
+def test_fallback_records_the_platform(tmp_path):
+    tab, logs = make_table(tmp_path)
+    tab.fallback(KEY, "measuring failed (RuntimeError: boom)")
+    assert tab.choice(KEY, 1) == "platform" and "boom" in logs[-1]
+
+
+def test_shape_key_names():
+    assert KEY.id == "16384x5120:bfloat16"
+    assert d.ShapeKey(34816, 5120, "float16", True, True).id == "silu_mul:34816x5120:float16:bias"
+
+
+def test_l2_copies():
+    mib = 1 << 20
+    assert d.l2_copies(254 * mib, 50 * mib) == 1
+    assert d.l2_copies(100 * mib, 50 * mib) == 1
+    assert d.l2_copies(63 * mib, 50 * mib) == 2
+    assert d.l2_copies(10 * mib, 50 * mib) == 10
+    assert d.l2_copies(mib, 50 * mib) == 64  # capped
+
+
+def test_cache_dir_env_override(tmp_path):
+    assert d.default_cache_dir({d.ENV_CACHE_DIR: str(tmp_path)}) == tmp_path
+    assert d.default_cache_dir({}).parts[-2:] == (".cache", "vllm-dcu")
+
+
+def test_code_digest_is_stable():
+    assert d.code_digest() == d.code_digest() and len(d.code_digest()) == 16
