@@ -247,17 +247,19 @@ def test_mirror_path_matches_reference_and_direct_path(kv_quant):
     want = reference(case)
     assert_close(mirrored, want, torch.bfloat16)
     assert_close(direct, want, torch.bfloat16)
-    # the mirror holds sequence 0's keys, dequantized and rounded to bf16 (within one bf16 step: the interpreter
-    # truncates where the GPU rounds to nearest), in its first page
-    (buf,) = pa_mod._MIRRORS.values()
-    from kernels.decode_attention.reference import dequantize
+    # the mirror holds sequence 0's keys in its first page: each code's exact value (x 2^-7 for int8, 2^-8 for
+    # e4m3) in fp16, and the scales unchanged
+    ((codes, scales),) = pa_mod._MIRRORS.values()
+    from kernels.kv_quant.reference import decode_codes
 
     pages = case["block_table"][0, :4].long()
-    k0 = dequantize(case["k_cache"][pages], case["k_scales"][pages], kv_quant).reshape(-1, 1, 16)[:170]
-    assert torch.allclose(buf[0, 0, :170].double(), k0, rtol=2**-7, atol=0)
+    unit = 128.0 if kv_quant == "int8" else 256.0
+    want_codes = decode_codes(case["k_cache"][pages], kv_quant).reshape(-1, 1, 16)[:170].double() / unit
+    assert torch.equal(codes[0, 0, :170].double(), want_codes)
+    assert torch.equal(scales[0, 0, :170], case["k_scales"][pages].reshape(-1, 1)[:170])
 
 
-def test_mirror_flow_needs_a_host_max_length_and_bf16_queries(monkeypatch):
+def test_mirror_flow_needs_a_host_max_length_and_serves_every_batch(monkeypatch):
     pa_mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
     launched = []
     real = pa_mod._mirror_kernel
@@ -270,8 +272,6 @@ def test_mirror_flow_needs_a_host_max_length_and_bf16_queries(monkeypatch):
     monkeypatch.setattr(pa_mod, "_mirror_kernel", Spy())
     case = make_case([(80, 20)], block_size=16, kv_quant="int8", d=16, seed=13)
     run(case, params=p(16), mirror=512)  # no max_seqlen_k: the grid cannot be sized without reading the device
-    fp16 = make_case([(80, 20)], block_size=16, kv_quant="int8", d=16, seed=13, dtype=torch.float16)
-    run(fp16, params=p(16), mirror=512, max_seqlen_k=100)  # code x scale may not fit fp16: direct path
     assert launched == []
     # a batch without a long chunk still runs the mirror flow (the same kernels for every batch), marking nothing
     short = make_case([(30, 20), (1, 5)], block_size=16, kv_quant="int8", d=16, seed=14)

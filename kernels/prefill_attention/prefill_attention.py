@@ -35,7 +35,6 @@ import triton.language as tl
 
 from ..decode_attention.decode_attention import _codes_to_f16, _pow2_fp16_scale, _use_ptx
 from ..fp8_e4m3 import use_software_fp8
-from ..kv_quant.dequant import codes_to_float
 from . import launch_params
 
 _LOG2E = 1.4426950408889634
@@ -88,8 +87,10 @@ def _attend_tile(
     offs_n, offs_d,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
     CAUSAL: tl.constexpr, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
+    CODES_F16: tl.constexpr,
 ):  # fmt: skip
-    """One BLOCK_N tile of keys for all rows: online-softmax update of (m_i, l_i, acc, u_i)."""
+    """One BLOCK_N tile of keys for all rows: online-softmax update of (m_i, l_i, acc, u_i). CODES_F16: the 8-bit
+    codes were converted to fp16 already (the mirror), so the tiles go to the matrix unit as loaded."""
     phys, slot = _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N, PAGE_GE_TILE)
     if HEAD_DIM == BLOCK_D:
         d_mask = None
@@ -101,7 +102,8 @@ def _attend_tile(
     k_off = phys * stride_kb + slot * stride_kt + kv_head * stride_kh
     k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=d_mask, other=d_other)
     if KV_QUANT != 0:
-        k = _codes_to_f16(k, KV_QUANT, FP8_SOFTWARE, PTX)
+        if not CODES_F16:
+            k = _codes_to_f16(k, KV_QUANT, FP8_SOFTWARE, PTX)
         k_scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh)
         s = tl.dot(q, k) * (k_scale * s_mult)[None, :]
     else:
@@ -123,7 +125,8 @@ def _attend_tile(
     d_mask_v = None if HEAD_DIM == BLOCK_D else offs_d[None, :] < HEAD_DIM
     v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=d_mask_v, other=d_other)
     if KV_QUANT != 0:
-        v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX)
+        if not CODES_F16:
+            v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX)
         v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
         # P in [0, 1] in fp16: V scales relative to this tile's largest, which goes into the running factor u
         u_new = tl.maximum(tl.max(v_scale, axis=0), 1.1754943508222875e-38)  # scales are 0 or normal
@@ -152,6 +155,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr, SEQ_FILTER: tl.constexpr,
+    CODES_F16: tl.constexpr,
 ):  # fmt: skip
     q_block = total_q_blocks - 1 - tl.program_id(0)  # heaviest tiles first
     kv_head = tl.program_id(1)
@@ -209,7 +213,7 @@ def _prefill_kernel(
             k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
             stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
-            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, False, KV_QUANT, FP8_SOFTWARE, PTX,
+            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, False, KV_QUANT, FP8_SOFTWARE, PTX, CODES_F16,
         )  # fmt: skip
     # stage 2: the causal diagonal, up to the tile's last query token
     t_last = tl.minimum(t0 + BLOCK_Q, q_len) - 1
@@ -220,7 +224,7 @@ def _prefill_kernel(
             k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
             stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
-            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, True, KV_QUANT, FP8_SOFTWARE, PTX,
+            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, True, KV_QUANT, FP8_SOFTWARE, PTX, CODES_F16,
         )  # fmt: skip
 
     if KV_QUANT != 0:
@@ -230,13 +234,15 @@ def _prefill_kernel(
     o_offs = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=qo_mask)
 
-# --- 8-bit caches: a bf16 mirror for long chunks ---------------------------------------------------------------
+# --- 8-bit caches: an fp16 mirror for long chunks ---------------------------------------------------------------
 # A chunk of many query tokens converts each 8-bit K/V tile once per query tile when it reads the cache directly
-# (the converted tile is staged for the matrix unit). For chunks of at least MIRROR_MIN_QUERY tokens it is cheaper
-# to write the sequence's K/V once as bf16 values (code x scale, rounded like a bf16 cache) into a scratch
-# "mirror" in pages of MIRROR_PAGE tokens and run the bf16 kernel over it: the extra traffic is one read of the
-# 8-bit cache and one write + read of the mirror per launch, small against the attention's arithmetic. Decode
-# rows, short chunks and sequences that do not fit the mirror read the 8-bit cache directly (a second launch).
+# (on the H200 the converted tile also goes through shared memory again for the matrix unit). For chunks of at
+# least MIRROR_MIN_QUERY tokens it is cheaper to convert the sequence's codes once per launch into a scratch
+# "mirror" (pages of MIRROR_PAGE tokens: the codes as their exact fp16 values, the float32 scales beside them)
+# and run the kernel over it with no conversion: the tiles reach the matrix unit as loaded, the scales still
+# multiply S and P, so the result is the direct path's to rounding. The extra traffic is one read of the 8-bit
+# cache and one write + read of the mirror per launch, small against the attention's arithmetic. Decode rows,
+# short chunks and sequences that do not fit the mirror read the 8-bit cache directly (a second launch).
 MIRROR_MIN_QUERY = 64
 MIRROR_PAGE = 256
 MIRROR_ENV = "VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS"
@@ -245,7 +251,7 @@ _MIRROR_BLOCK_S = 128
 _MIRROR_BLOCK_T = 32
 
 
-@triton.jit(do_not_specialize=["num_seqs", "table_width", "min_query", "cap_pages"])
+@triton.jit(do_not_specialize=["num_seqs", "table_width", "min_query", "cap_pages", "stride_mtab"])
 def _plan_mirror_kernel(cu_q_ptr, seq_lens_ptr, sel_ptr, mtab_ptr, owner_ptr, num_seqs, table_width, min_query,
                         cap_pages, stride_mtab, PAGE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr):
     """One program: mark the sequences that take the mirror (chunk >= min_query tokens, pages left; greedy in
@@ -277,16 +283,16 @@ def _plan_mirror_kernel(cu_q_ptr, seq_lens_ptr, sel_ptr, mtab_ptr, owner_ptr, nu
 
 @triton.jit(do_not_specialize=["block_size", "stride_btb"])
 def _mirror_kernel(
-    k_ptr, v_ptr, ks_ptr, vs_ptr, block_table_ptr, seq_lens_ptr, owner_ptr, mk_ptr, mv_ptr,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, block_table_ptr, seq_lens_ptr, owner_ptr, mk_ptr, mv_ptr, msk_ptr, msv_ptr,
     block_size, stride_btb,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
-    stride_mb, stride_mt, stride_mh,
+    stride_mb, stride_mt, stride_mh, stride_msb, stride_mst, stride_msh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, PAGE: tl.constexpr,
-    KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr,
+    KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
 ):  # fmt: skip
-    """BLOCK_T tokens of one kv head of one mirror page: codes x scales of its owner's tokens -> the mirror's
-    dtype. The grid covers the whole mirror (fixed size); free pages return at once."""
+    """BLOCK_T tokens of one kv head of one mirror page: its owner's codes as exact fp16 values and their scales.
+    The grid covers the whole mirror (fixed size); free pages return at once."""
     mpage = tl.program_id(0) // (PAGE // BLOCK_T)
     kv_head = tl.program_id(1)
     owner = tl.load(owner_ptr + mpage)
@@ -306,26 +312,29 @@ def _mirror_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask = t_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     m_off = (mpage.to(tl.int64) * stride_mb + (tok % PAGE) * stride_mt + kv_head * stride_mh)[:, None] + offs_d[None, :]
+    ms_off = mpage.to(tl.int64) * stride_msb + (tok % PAGE) * stride_mst + kv_head * stride_msh
     for which in tl.static_range(2):
         if which == 0:
             codes = tl.load(k_ptr + (phys * stride_kb + slot * stride_kt + kv_head * stride_kh)[:, None]
                             + offs_d[None, :], mask=mask, other=0)
             scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh)
             dst = mk_ptr
+            dst_s = msk_ptr
         else:
             codes = tl.load(v_ptr + (phys * stride_vb + slot * stride_vt + kv_head * stride_vh)[:, None]
                             + offs_d[None, :], mask=mask, other=0)
             scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
             dst = mv_ptr
-        vals = codes_to_float(codes, tl.float32, KV_QUANT, FP8_SOFTWARE) * scale[:, None]
-        tl.store(dst + m_off, vals.to(dst.dtype.element_ty), mask=mask)
+            dst_s = msv_ptr
+        tl.store(dst + m_off, _codes_to_f16(codes, KV_QUANT, FP8_SOFTWARE, PTX), mask=mask)
+        tl.store(dst_s + ms_off, scale, mask=t_ok)
 
 
 _MIRRORS: dict = {}
 
 
 def mirror_tokens(env=None) -> int:
-    """Tokens the bf16 mirror of 8-bit caches holds (VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS; 0 = no mirror)."""
+    """Tokens the fp16 mirror of 8-bit caches holds (VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS; 0 = no mirror)."""
     import os
 
     raw = (os.environ if env is None else env).get(MIRROR_ENV, "").strip()
@@ -338,12 +347,16 @@ def mirror_tokens(env=None) -> int:
     return n
 
 
-def _mirror_buffer(device, num_heads_kv, head_dim, dtype, tokens):
-    """The mirror of this shape on this device, allocated once: [pages, 2, MIRROR_PAGE, kv_heads, head_dim]."""
+def _mirror_buffer(device, num_heads_kv, head_dim, tokens):
+    """The mirror of this shape on this device, allocated once: fp16 codes [pages, 2, MIRROR_PAGE, kv_heads,
+    head_dim] and float32 scales [pages, 2, MIRROR_PAGE, kv_heads] (K, V)."""
     pages = tokens // MIRROR_PAGE
-    key = (str(device), num_heads_kv, head_dim, dtype, pages)
+    key = (str(device), num_heads_kv, head_dim, pages)
     if key not in _MIRRORS:
-        _MIRRORS[key] = torch.empty(pages, 2, MIRROR_PAGE, num_heads_kv, head_dim, dtype=dtype, device=device)
+        _MIRRORS[key] = (
+            torch.empty(pages, 2, MIRROR_PAGE, num_heads_kv, head_dim, dtype=torch.float16, device=device),
+            torch.empty(pages, 2, MIRROR_PAGE, num_heads_kv, dtype=torch.float32, device=device),
+        )
     return _MIRRORS[key]
 
 
@@ -398,7 +411,7 @@ def _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table,
 
 
 def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
-            software_fp8, launch, sel=None, seq_filter=0):
+            software_fp8, launch, sel=None, seq_filter=0, codes_f16=False):
     num_tokens, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
@@ -423,7 +436,7 @@ def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens
         GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
         KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8),
-        PTX=kv_quant is not None and _use_ptx(q.device), SEQ_FILTER=seq_filter, **launch,
+        PTX=kv_quant is not None and _use_ptx(q.device), SEQ_FILTER=seq_filter, CODES_F16=codes_f16, **launch,
     )  # fmt: skip
 
 
@@ -439,10 +452,10 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
     kv_quant "fp8" / "int8" and float32 k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides).
     block_table: int32 [>= num_seqs, max_blocks]. Rows past ``cu_seqlens_q[num_seqs]`` are not written.
     software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).
-    max_seqlen_k: a host int >= every seq_len; with 8-bit caches and bf16 queries it enables the bf16 mirror
+    max_seqlen_k: a host int >= every seq_len; with 8-bit caches it enables the fp16 mirror
     for chunks of MIRROR_MIN_QUERY tokens or more (see above; ``mirror``: its size in tokens, None: from
     VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS, 0: off). params / mirror_params: the Triton launch for the cache's
-    width / for the bf16 mirror (dicts like launch_params' kv8 / kv16 entries; None: the current target's).
+    width / for the mirror (dicts like launch_params' kv8 / kv16 entries; None: the current target's).
     """
     _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, k_scales, v_scales, kv_quant)
     num_tokens, hq, d = q.shape
@@ -459,12 +472,12 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
     tokens = mirror_tokens() if mirror is None else int(mirror)
     # with 8-bit caches the mirror flow runs for every batch it can serve (a batch without long chunks marks no
     # sequence and its mirror launches return at once), so the same kernels run whatever the batch holds
-    use_mirror = kv_quant is not None and q.dtype == torch.bfloat16 and max_seqlen_k is not None and tokens >= MIRROR_PAGE
+    use_mirror = kv_quant is not None and max_seqlen_k is not None and tokens >= MIRROR_PAGE
     if not use_mirror:
         _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
                 software_fp8, params)
         return out
-    buf = _mirror_buffer(q.device, hkv, d, q.dtype, tokens)
+    buf, buf_s = _mirror_buffer(q.device, hkv, d, tokens)
     width = triton.cdiv(int(max_seqlen_k), MIRROR_PAGE)
     sel = torch.empty(num_seqs, dtype=torch.int32, device=q.device)
     mtab = torch.empty(num_seqs, width, dtype=torch.int32, device=q.device)
@@ -473,16 +486,18 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
         cu_seqlens_q, seq_lens, sel, mtab, owner, num_seqs, width, MIRROR_MIN_QUERY, buf.shape[0], mtab.stride(0),
         PAGE=MIRROR_PAGE, BLOCK_S=_MIRROR_BLOCK_S, BLOCK_W=64, num_warps=4,
     )  # fmt: skip
-    mk, mv = buf[:, 0], buf[:, 1]
+    mk, mv, msk, msv = buf[:, 0], buf[:, 1], buf_s[:, 0], buf_s[:, 1]
     _mirror_kernel[(buf.shape[0] * (MIRROR_PAGE // _MIRROR_BLOCK_T), hkv)](
-        k_cache, v_cache, k_scales, v_scales, block_table, seq_lens, owner, mk, mv,
+        k_cache, v_cache, k_scales, v_scales, block_table, seq_lens, owner, mk, mv, msk, msv,
         block_size, block_table.stride(0),
         *k_cache.stride()[:3], *v_cache.stride()[:3], *k_scales.stride(), *v_scales.stride(), *mk.stride()[:3],
+        *msk.stride(),
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=_MIRROR_BLOCK_T, PAGE=MIRROR_PAGE,
-        KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8), num_warps=4,
+        KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8), PTX=_use_ptx(q.device), num_warps=4,
     )  # fmt: skip
     mirror_launch = mirror_params if mirror_params is not None else entry["kv16"]
-    _attend(q, mk, mv, None, None, out, cu_seqlens_q, seq_lens, mtab, scale, None, False, mirror_launch, sel, 1)
+    _attend(q, mk, mv, msk, msv, out, cu_seqlens_q, seq_lens, mtab, scale, kv_quant, software_fp8, mirror_launch,
+            sel, 1, codes_f16=True)
     _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
             software_fp8, params, sel, 2)
     return out
