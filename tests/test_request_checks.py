@@ -12,7 +12,6 @@ and message for each bad field, streaming, batch prompts, and that nothing bad r
 """
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import subprocess
@@ -252,30 +251,7 @@ def test_field_rules_name_every_checked_field():
 
 
 # ===================================================================================== part 2: the patched vLLM tree
-TINY = json.loads((REPO / "tests" / "data" / "scheduler" / "llama-tiny" / "config.json").read_text())
-QWEN_VOCAB = 248320  # the synthetic tokenizer (bench/synth_tokenizer.py) needs more than 248070 ids
-
-
-def write_model(folder: Path, vocab: int, tokenizer_vocab: int | None = None, eos: int | None = None) -> str:
-    """A config.json-only model (llama-tiny's shapes, `vocab` ids) with, optionally, the synthetic tokenizer."""
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = dict(TINY, vocab_size=vocab)
-    if eos is not None:
-        cfg["eos_token_id"] = eos
-    (folder / "config.json").write_text(json.dumps(cfg))
-    if tokenizer_vocab is not None:
-        from bench.synth_tokenizer import write_tokenizer
-
-        write_tokenizer(str(folder), tokenizer_vocab)
-    return str(folder)
-
-
-def vllm_config_for(model: str, tokenizer: bool, max_model_len: int = 4096):
-    from vllm.config import DeviceConfig, ModelConfig, VllmConfig
-
-    mc = ModelConfig(model=model, dtype="bfloat16", seed=0, skip_tokenizer_init=not tokenizer,
-                     max_model_len=max_model_len)
-    return VllmConfig(model_config=mc, device_config=DeviceConfig(device="cpu"))
+from vllm_app_cpu import QWEN_VOCAB, openai_app, vllm_config_for, write_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -421,106 +397,14 @@ def test_offline_llm_generate_raises_a_clear_valueerror_and_adds_nothing_bad(pro
 
 
 # ------------------------------------------------------------------------------------- OpenAI server (HTTP)
-OFFICIAL_FLAGS = ["--served-model-name", "Qwen3.5-27B", "--trust-remote-code", "--dtype", "bfloat16",
-                  "--tensor-parallel-size", "1", "--max-num-seqs", "128", "--max-num-batched-tokens", "4096",
-                  "--default-chat-template-kwargs", '{"enable_thinking": false}', "--reasoning-parser", "qwen3",
-                  "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--max-model-len", "4096"]
-
-
-def _stub_missing(monkeypatch):
-    """Test doubles for two optional packages the CPU venv lacks (the GPU box has them): the SageMaker hooks that
-    vllm's api_server imports, and mistral_common, which the chat path imports for an isinstance check."""
-    try:
-        import model_hosting_container_standards.sagemaker  # noqa: F401
-    except ImportError:
-        sm = types.ModuleType("model_hosting_container_standards.sagemaker")
-
-        def decorator(*a, **k):
-            return a[0] if len(a) == 1 and callable(a[0]) and not k else (lambda f: f)
-
-        for name in ("register_ping_handler", "register_invocation_handler", "stateful_session_manager",
-                     "inject_adapter_id", "register_load_adapter_handler", "register_unload_adapter_handler"):
-            setattr(sm, name, decorator)
-        sm.bootstrap = lambda app: app
-        pkg = types.ModuleType("model_hosting_container_standards")
-        pkg.sagemaker = sm
-        monkeypatch.setitem(sys.modules, pkg.__name__, pkg)
-        monkeypatch.setitem(sys.modules, sm.__name__, sm)
-    try:
-        import vllm.tokenizers.mistral  # noqa: F401
-    except ImportError:
-        mistral = types.ModuleType("vllm.tokenizers.mistral")
-        mistral.MistralTokenizer = type("MistralTokenizer", (), {})
-        monkeypatch.setitem(sys.modules, mistral.__name__, mistral)
-
-
-class FakeEngineClient:
-    """What `vllm serve`'s API process talks to, with the engine replaced: generate() runs the real InputProcessor
-    (as AsyncLLM.add_request does; a ValueError propagates as AsyncLLM.generate re-raises it) and answers a request
-    that passed with max_tokens tokens 1, 2, 3, ... Every request that passed is in `added`."""
-
-    def __init__(self, vllm_config):
-        from vllm.v1.engine.input_processor import InputProcessor
-
-        self.vllm_config, self.model_config = vllm_config, vllm_config.model_config
-        self.input_processor = InputProcessor(vllm_config)
-        self.renderer, self.io_processor = self.input_processor.renderer, None
-        self.errored, self.is_running, self.is_stopped = False, True, False
-        self.added = []
-
-    @property
-    def dead_error(self):
-        return RuntimeError("engine dead")
-
-    async def generate(self, prompt, sampling_params, request_id, **kw):
-        from vllm.outputs import CompletionOutput, RequestOutput
-
-        req = self.input_processor.process_inputs(request_id, prompt, sampling_params, supported_tasks=("generate",),
-                                                  priority=kw.get("priority", 0))
-        self.added.append(req)
-        n = req.sampling_params.max_tokens
-        yield RequestOutput(request_id, None, req.prompt_token_ids, None,
-                            [CompletionOutput(0, "w" * n, list(range(1, n + 1)), None, None, finish_reason="length")],
-                            True)
-
-    async def abort(self, *a, **k):
-        return None
-
-    async def is_tracing_enabled(self):
-        return False
-
-    async def do_log_stats(self):
-        return None
-
-    async def get_supported_tasks(self):
-        return ("generate",)
-
-
 @pytest.fixture(scope="module", params=["skip-tokenizer-init", "tokenizer"])
 def server(request, vllm_tree, tmp_path_factory):
     """vLLM's OpenAI app as `vllm serve` builds it, official flags (+ --skip-tokenizer-init for one of them)."""
-    mp = pytest.MonkeyPatch()
-    from fastapi.testclient import TestClient
-    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.platforms import current_platform
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    mp.setattr(current_platform, "device_type", "cpu", raising=False)  # the parser's DeviceConfig default needs one
-    _stub_missing(mp)
-    from vllm.entrypoints.openai.api_server import build_app, init_app_state
-
     with_tok = request.param == "tokenizer"
     model = write_model(tmp_path_factory.mktemp("served"), QWEN_VOCAB, QWEN_VOCAB if with_tok else None)
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(
-        ["--model", model] + OFFICIAL_FLAGS + ([] if with_tok else ["--skip-tokenizer-init"]))
-    validate_parsed_serve_args(args)
-    engine = FakeEngineClient(vllm_config_for(model, tokenizer=with_tok))
-    app = build_app(args, ("generate",))
-    app.state.log_stats = False
-    with TestClient(app, raise_server_exceptions=False) as client:
-        client.portal.call(init_app_state, engine, app.state, args, ("generate",))
+    with openai_app(model, tokenizer=with_tok) as (client, engine):
         yield types.SimpleNamespace(client=client, engine=engine, tokenizer=with_tok)
-    mp.undo()
+
 
 
 def _completion(**kw):
