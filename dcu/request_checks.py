@@ -26,7 +26,8 @@ What is checked, and against what (FIELD_RULES holds the same table):
 An id out of range or of the wrong type raises vLLM's VLLMValidationError (a ValueError; the API server answers it
 with HTTP 400 and the field as `param`), or this module's RequestCheckError (a ValueError too) where vLLM is not
 loaded. The message is one line naming the field, the position, the bad value and the valid range, e.g.
-    stop_token_ids[1]: token id 248320 is out of range; valid token ids are integers in [0, 248320) (the model's vocabulary)
+    stop_token_ids[1]: token id 248320 is out of range; valid token ids are integers in [0, 248320)
+    (the model's vocabulary)
 
 Pure Python: no vLLM import, so it can be unit-tested alone (tests/test_request_checks.py).
 """

@@ -99,12 +99,21 @@ class FakeEngineClient:
         return RuntimeError("engine dead")
 
     async def generate(self, prompt, sampling_params, request_id, **kw):
+        import asyncio
+
         from vllm.outputs import CompletionOutput, RequestOutput
+        from vllm.sampling_params import RequestOutputKind
 
         req = self.input_processor.process_inputs(request_id, prompt, sampling_params, supported_tasks=("generate",),
                                                   priority=kw.get("priority", 0))
         self.added.append(req)
         n = req.sampling_params.max_tokens
+        if req.sampling_params.output_kind == RequestOutputKind.DELTA:  # a stream: one output per token
+            for i in range(1, n + 1):
+                await asyncio.sleep(0.001)
+                out = CompletionOutput(0, "w", [i], None, None, finish_reason="length" if i == n else None)
+                yield RequestOutput(request_id, None, req.prompt_token_ids, None, [out], i == n)
+            return
         yield RequestOutput(request_id, None, req.prompt_token_ids, None,
                             [CompletionOutput(0, "w" * n, list(range(1, n + 1)), None, None, finish_reason="length")],
                             True)
@@ -122,6 +131,25 @@ class FakeEngineClient:
         return ("generate",)
 
 
+def _build(mp, model: str, tokenizer: bool, flags: list[str] | None):
+    """(app, args, engine, init_app_state) as `vllm serve` builds them, before init_app_state runs."""
+    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.platforms import current_platform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    mp.setattr(current_platform, "device_type", "cpu", raising=False)  # the parser's DeviceConfig needs one
+    stub_missing_packages(mp)
+    from vllm.entrypoints.openai.api_server import build_app, init_app_state
+
+    flags = list(OFFICIAL_FLAGS if flags is None else flags) + ([] if tokenizer else ["--skip-tokenizer-init"])
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", model] + flags)
+    validate_parsed_serve_args(args)
+    engine = FakeEngineClient(vllm_config_for(model, tokenizer=tokenizer, max_model_len=args.max_model_len))
+    app = build_app(args, ("generate",))
+    app.state.log_stats = False
+    return app, args, engine, init_app_state
+
+
 @contextlib.contextmanager
 def openai_app(model: str, *, tokenizer: bool, flags: list[str] | None = None):
     """(TestClient, FakeEngineClient) of vLLM's OpenAI app for `model`, `vllm serve` flags `flags` (default: the
@@ -131,22 +159,58 @@ def openai_app(model: str, *, tokenizer: bool, flags: list[str] | None = None):
     mp = pytest.MonkeyPatch()
     try:
         from fastapi.testclient import TestClient
-        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-        from vllm.platforms import current_platform
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-        mp.setattr(current_platform, "device_type", "cpu", raising=False)  # the parser's DeviceConfig needs one
-        stub_missing_packages(mp)
-        from vllm.entrypoints.openai.api_server import build_app, init_app_state
-
-        flags = list(OFFICIAL_FLAGS if flags is None else flags) + ([] if tokenizer else ["--skip-tokenizer-init"])
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", model] + flags)
-        validate_parsed_serve_args(args)
-        engine = FakeEngineClient(vllm_config_for(model, tokenizer=tokenizer, max_model_len=args.max_model_len))
-        app = build_app(args, ("generate",))
-        app.state.log_stats = False
+        app, args, engine, init_app_state = _build(mp, model, tokenizer, flags)
         with TestClient(app, raise_server_exceptions=False) as client:
             client.portal.call(init_app_state, engine, app.state, args, ("generate",))
             yield client, engine
+    finally:
+        mp.undo()
+
+
+@contextlib.contextmanager
+def openai_server(model: str, *, tokenizer: bool, flags: list[str] | None = None):
+    """(port, FakeEngineClient): the same app served by uvicorn on 127.0.0.1 (real sockets: streams, clients that
+    hang up), in a background thread."""
+    import asyncio
+    import socket
+    import threading
+    import time
+
+    import pytest
+    import uvicorn
+
+    mp = pytest.MonkeyPatch()
+    try:
+        app, args, engine, init_app_state = _build(mp, model, tokenizer, flags)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                               lifespan="off"))
+        failed: list[BaseException] = []
+
+        async def main():
+            await init_app_state(engine, app.state, args, ("generate",))
+            await server.serve()
+
+        def run():
+            try:
+                asyncio.run(main())
+            except BaseException as e:  # noqa: BLE001 - reported by the waiting test
+                failed.append(e)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        t0 = time.monotonic()
+        while not server.started:
+            if failed or not thread.is_alive() or time.monotonic() - t0 > 60:
+                raise RuntimeError(f"uvicorn did not start: {failed}")
+            time.sleep(0.05)
+        try:
+            yield port, engine
+        finally:
+            server.should_exit = True
+            thread.join(timeout=20)
     finally:
         mp.undo()
