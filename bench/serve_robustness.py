@@ -509,10 +509,12 @@ def probe(client: HttpClient, model: str) -> Outcome:
 
 
 def warmup(client: HttpClient, model: str, n: int = WARMUP_REQUESTS, prompt_len: int = 512) -> dict:
-    """n short requests at once: prefill steps at the full chunk and the largest decode batch."""
+    """n short requests at once: prefill steps at the full chunk, the largest decode batch, greedy and random
+    sampling in one batch (the shapes the load reaches, so the allocator has grown before memory is read)."""
     rng = random.Random(1)
     bodies = [json.dumps({"model": model, "prompt": [rng.randrange(1000, 200000) for _ in range(prompt_len)],
-                          "max_tokens": 8, "temperature": 0.0, "ignore_eos": True}).encode() for _ in range(n)]
+                          "max_tokens": 8, "temperature": 0.8 if i % 2 else 0.0, "ignore_eos": True}).encode()
+              for i in range(n)]
     outs: list[Outcome] = [None] * n  # type: ignore[list-item]
 
     def one(i):

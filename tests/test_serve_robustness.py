@@ -136,6 +136,10 @@ def test_the_gpu_tests_request_loop_passes_against_vllms_app(app):
     assert gpu._refuse_all(srv, cases) == []
     good = {"model": SERVED, "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0.0, "return_token_ids": True}
     assert gpu._tokens(*srv.post("/v1/completions", good)) == [1, 2, 3, 4]
+    if app.tokenizer:  # the tokenizer test's greedy request is a chat one
+        chat = {"model": SERVED, "max_tokens": 3, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True,
+                "messages": [{"role": "user", "content": "What is the answer to the quiz?"}]}
+        assert gpu._tokens(*srv.post("/v1/chat/completions", chat)) == [1, 2, 3]
     # and it notices a case answered otherwise than expected
     lax = [bad_requests.BadCase("lax", "/v1/completions", good, 400, "prompt_token_ids")]
     assert "status 200, expected 400" in gpu._refuse_all(srv, lax)[0]
