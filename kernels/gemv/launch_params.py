@@ -67,26 +67,31 @@ def shape_name(n: int, k: int, silu_mul: bool = False) -> str:
 # - 2-8 rows: tl.dot over x padded to 16 rows (masked: the padding costs no memory traffic), W
 #   streamed through shared memory with async copies 3 stages deep (16 x 256 bf16 = 8 KiB of W per
 #   stage): 48 registers, 32 KiB shared memory (48 KiB fused).
+# H200: the sweep of kernels/gemv/bench.py on 2026-12-02 (bench/results/2026-12-02-nvidia-h200-gemv.md), every
+# Qwen3.5-27B decode shape at 1/2/4/8 rows under CUDA graphs; per-shape entries where a shape's best differed.
 _SM90 = {
-    "measured": False,
+    "measured": True,
     "programs_per_cu": 2,
     "max_splits": 16,
     "min_split_k": 512,
     "rows": {
-        "1": {"DOT": 0, "BLOCK_N": 16, "BLOCK_K": 512, "num_warps": 4, "num_stages": 1},
-        "2": {"DOT": 1, "BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
-        "4": {"DOT": 1, "BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
-        "8": {"DOT": 1, "BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
-    },
-    # fused gate_up: half the rows per program at one row (two W tiles per step: the same 16 KiB in
-    # flight, 128 registers; 16 rows took 243 registers per lane for the two accumulators)
-    "silu_rows": {
         "1": {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 1},
-        "2": {"DOT": 1, "BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
-        "4": {"DOT": 1, "BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
-        "8": {"DOT": 1, "BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
+        "2": {"DOT": 1, "BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
+        "4": {"DOT": 1, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
+        "8": {"DOT": 1, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
     },
-    "shapes": {},
+    # fused gate_up: half the rows per program at one row (two W tiles per step)
+    "silu_rows": {
+        "1": {"DOT": 0, "BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4, "num_stages": 1},
+        "2": {"DOT": 1, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
+        "4": {"DOT": 1, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
+        "8": {"DOT": 1, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
+    },
+    "shapes": {
+        "96x5120": {"1": {"SPLIT_K": 16}, "2": {"BLOCK_K": 512, "BLOCK_N": 8, "DOT": 0, "SPLIT_K": 16, "num_stages": 1}},
+        "14336x5120": {"1": {"BLOCK_K": 256, "BLOCK_N": 16}},
+        "34816x5120": {"2": {"BLOCK_K": 128, "BLOCK_N": 64, "num_stages": 4}, "4": {"BLOCK_N": 64}, "8": {"BLOCK_N": 64}},
+    },
 }
 
 # DCU (gfx936 BW1000 / gfx928 K100-AI): wave64, 64 KiB LDS per workgroup, no measurement yet.
