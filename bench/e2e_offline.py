@@ -10,7 +10,7 @@ the contest's decode; TTFT is eager prefill (the same for every build except att
   TPOT(n) = (wall time of a 1+OUT-token request - TTFT(n)) / OUT, best of 2
 
 Configurations: NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE[,KEY=VALUE...]], e.g. base=base:TRITON_ATTN:auto
-full-int8=full:DCU_TRITON_ATTN:int8_per_token_head bm64=full:DCU_TRITON_ATTN:auto:VLLM_DCU_PREFILL_BLOCK_M=64 (the
+full-int8=full:DCU_TRITON_ATTN:int8_per_token_head no-prefill-kernel=full:DCU_TRITON_ATTN:auto:VLLM_DCU_PREFILL_ATTN=0 (the
 optional part sets environment variables of that configuration's process).
 The first configuration is the baseline of the ratios. Writes <date>-<gpu>-e2e-offline.{json,md} into $OUT
 (default bench/results/) and prints the table last.

@@ -48,16 +48,21 @@ ATTENTION_BACKEND_16_32K=${ATTENTION_BACKEND_16_32K:-}  # measured: -
 DECODE_PARAMS_4_8K=${DECODE_PARAMS_4_8K:-}      # measured: -
 DECODE_PARAMS_8_16K=${DECODE_PARAMS_8_16K:-}    # measured: -
 DECODE_PARAMS_16_32K=${DECODE_PARAMS_16_32K:-}  # measured: -
-# Prefill attention tiles (patch 0005, opt-in; VLLM_DCU_PREFILL_BLOCK_M 16/32/64/128 and
-# VLLM_DCU_PREFILL_TILE_SIZE 16/32/64): empty = upstream's. On the H200 BLOCK_M 64 took 0.31-0.32x of
-# upstream's prefill attention time (bench/results/2026-11-30-h200-kv-prefill-tiles.md, kernel only);
-# a peer team measured 64 and a 16-wide KV tile best on a gfx936 DCU. Check TTFT end to end first.
-PREFILL_BLOCK_M_4_8K=${PREFILL_BLOCK_M_4_8K:-}        # measured: -
-PREFILL_BLOCK_M_8_16K=${PREFILL_BLOCK_M_8_16K:-}      # measured: -
-PREFILL_BLOCK_M_16_32K=${PREFILL_BLOCK_M_16_32K:-}    # measured: -
-PREFILL_TILE_SIZE_4_8K=${PREFILL_TILE_SIZE_4_8K:-}    # measured: -
-PREFILL_TILE_SIZE_8_16K=${PREFILL_TILE_SIZE_8_16K:-}  # measured: -
-PREFILL_TILE_SIZE_16_32K=${PREFILL_TILE_SIZE_16_32K:-}  # measured: -
+# Prefill attention kernel (patch 0006, on by default): launch overrides as JSON for
+# VLLM_DCU_PREFILL_PARAMS, e.g. '{"BLOCK_N": 32}'; empty = kernels/prefill_attention/launch_params.py for
+# the detected target (gfx936/gfx928 values are chosen on paper: sweep them with
+# `python -m kernels.prefill_attention.bench` on the DCU). 0 in PREFILL_ATTN_* turns the kernel off.
+PREFILL_PARAMS_4_8K=${PREFILL_PARAMS_4_8K:-}      # measured: -
+PREFILL_PARAMS_8_16K=${PREFILL_PARAMS_8_16K:-}    # measured: -
+PREFILL_PARAMS_16_32K=${PREFILL_PARAMS_16_32K:-}  # measured: -
+PREFILL_ATTN_4_8K=${PREFILL_ATTN_4_8K:-}      # measured: -
+PREFILL_ATTN_8_16K=${PREFILL_ATTN_8_16K:-}    # measured: -
+PREFILL_ATTN_16_32K=${PREFILL_ATTN_16_32K:-}  # measured: -
+# Decode GEMV (patch 0007): empty = auto (the dispatch picks the faster side per shape, measured at start);
+# triton / platform / off force a side (VLLM_DCU_GEMV).
+GEMV_4_8K=${GEMV_4_8K:-}      # measured: -
+GEMV_8_16K=${GEMV_8_16K:-}    # measured: -
+GEMV_16_32K=${GEMV_16_32K:-}  # measured: -
 # Scheduler TPOT target in ms (patch 0004, opt-in): empty = off, upstream's scheduler. Neutral at the
 # contest's concurrency 1; it matters under load. Peers report the technical plan locks scheduler
 # settings: check compliance before turning it on for a submission.
@@ -70,13 +75,14 @@ key=${TIER//-/_}
 [ "$TIER" = all ] && key=8_16K
 kv_var=KV_CACHE_DTYPE_$key attn_var=ATTENTION_BACKEND_$key dp_var=DECODE_PARAMS_$key
 tpot_var=SCHEDULER_TPOT_TARGET_MS_$key
-bm_var=PREFILL_BLOCK_M_$key tile_var=PREFILL_TILE_SIZE_$key
+pp_var=PREFILL_PARAMS_$key pa_var=PREFILL_ATTN_$key gemv_var=GEMV_$key
 KV_CACHE_DTYPE=${!kv_var}
 ATTENTION_BACKEND=${!attn_var}
 DECODE_PARAMS=${!dp_var}
 TPOT_TARGET_MS=${!tpot_var}
-PREFILL_BLOCK_M=${!bm_var}
-PREFILL_TILE_SIZE=${!tile_var}
+PREFILL_PARAMS=${!pp_var}
+PREFILL_ATTN=${!pa_var}
+GEMV=${!gemv_var}
 
 # The official start_vllm.sh, verbatim apart from $MODEL and $PORT.
 cmd=(vllm serve "$MODEL" --served-model-name Qwen3.5-27B --port "$PORT" --trust-remote-code
@@ -90,8 +96,9 @@ cmd=(vllm serve "$MODEL" --served-model-name Qwen3.5-27B --port "$PORT" --trust-
 [ -n "$TPOT_TARGET_MS" ] && cmd+=(--scheduler-tpot-target-ms "$TPOT_TARGET_MS")
 envs=()
 [ -n "$DECODE_PARAMS" ] && envs+=("VLLM_DCU_DECODE_PARAMS=$DECODE_PARAMS")
-[ -n "$PREFILL_BLOCK_M" ] && envs+=("VLLM_DCU_PREFILL_BLOCK_M=$PREFILL_BLOCK_M")
-[ -n "$PREFILL_TILE_SIZE" ] && envs+=("VLLM_DCU_PREFILL_TILE_SIZE=$PREFILL_TILE_SIZE")
+[ -n "$PREFILL_PARAMS" ] && envs+=("VLLM_DCU_PREFILL_PARAMS=$PREFILL_PARAMS")
+[ -n "$PREFILL_ATTN" ] && envs+=("VLLM_DCU_PREFILL_ATTN=$PREFILL_ATTN")
+[ -n "$GEMV" ] && envs+=("VLLM_DCU_GEMV=$GEMV")
 
 if [ "$PRINT" = 1 ]; then
   line=$(printf '%q ' ${envs[@]+"${envs[@]}"} "${cmd[@]}")

@@ -47,13 +47,14 @@ def test_scheduler_target_is_opt_in():
     assert argv[-2:] == ["--scheduler-tpot-target-ms", "40"]
 
 
-def test_prefill_tiles_are_opt_in_environment_settings_per_tier():
-    assert "VLLM_DCU_PREFILL" not in start("16-32K", "--print").stdout
-    env = {"PREFILL_BLOCK_M_16_32K": "64", "PREFILL_TILE_SIZE_16_32K": "16", "PREFILL_BLOCK_M_4_8K": "32"}
+def test_kernel_settings_are_environment_settings_per_tier():
+    out = start("16-32K", "--print").stdout
+    assert "VLLM_DCU_PREFILL" not in out and "VLLM_DCU_GEMV" not in out  # the builds' defaults
+    env = {"PREFILL_PARAMS_16_32K": '{"BLOCK_N": 32}', "GEMV_16_32K": "platform", "PREFILL_ATTN_4_8K": "0"}
     argv = shlex.split(start("16-32K", "--print", **env).stdout)
-    assert argv[:3] == ["VLLM_DCU_PREFILL_BLOCK_M=64", "VLLM_DCU_PREFILL_TILE_SIZE=16", "vllm"]
+    assert argv[:3] == ['VLLM_DCU_PREFILL_PARAMS={"BLOCK_N": 32}', "VLLM_DCU_GEMV=platform", "vllm"]
     argv = shlex.split(start("4-8K", "--print", **env).stdout)
-    assert argv[:2] == ["VLLM_DCU_PREFILL_BLOCK_M=32", "vllm"]
+    assert argv[:2] == ["VLLM_DCU_PREFILL_ATTN=0", "vllm"]
 
 
 def test_all_uses_the_8_16k_settings():

@@ -193,3 +193,45 @@ def test_metadata_builder_warms_the_kernel_with_the_engine_shape(vllm_tree, monk
     triton_attn.TritonAttentionMetadataBuilder(types.SimpleNamespace(block_size=BS), ["layer.0"],
                                                fake_vllm_config("int8_per_token_head"), torch.device("cpu"))
     assert seen == [(HQ, HKV, D, torch.bfloat16, "int8_per_token_head", BS, torch.device("cpu"))]
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_8bit_cache_written_by_the_backend_and_read_by_the_kernel_matches_reference(kernel_calls, kind):
+    # TRITON_ATTN writes the per-token-head cache (patch 0002) and a mixed batch with a 70-token chunk (the mirror)
+    # and decodes (the direct path) reaches the prefill kernel through the router, with the host max length
+    from kernels.kv_quant.layout import kv_cache_shape
+    from kernels.kv_quant.reference import paged_attention_reference, reshape_and_cache_reference
+    from vllm.v1.attention.backends import triton_attn
+
+    g = torch.Generator().manual_seed(7)
+    query_lens, seq_lens = [1, 70, 1], [33, 90, 5]
+    nblk = [-(-s // BS) for s in seq_lens]
+    table = torch.zeros(3, max(nblk), dtype=torch.int32)
+    order, used = torch.randperm(sum(nblk) + 1, generator=g), 0
+    for i, n in enumerate(nblk):
+        table[i, :n] = order[used : used + n]
+        used += n
+    cache = torch.zeros(kv_cache_shape(sum(nblk) + 1, BS, HKV, D), dtype=torch.uint8)
+    impl = triton_attn.TritonAttentionImpl(num_heads=HQ, head_size=D, scale=D**-0.5, num_kv_heads=HKV,
+                                           alibi_slopes=None, sliding_window=None,
+                                           kv_cache_dtype=f"{kind}_per_token_head")
+    layer = types.SimpleNamespace(_k_scale=torch.ones(()), _v_scale=torch.ones(()), _q_scale_float=1.0)
+    want_cache = cache.clone()
+    for i, s in enumerate(seq_lens):
+        k = (torch.randn(s, HKV, D, generator=g) * 2).to(torch.bfloat16)
+        v = torch.randn(s, HKV, D, generator=g).to(torch.bfloat16)
+        slots = table[i, torch.arange(s) // BS].long() * BS + torch.arange(s) % BS
+        impl.do_kv_cache_update(layer, k, v, cache, slots)
+        reshape_and_cache_reference(k, v, want_cache, slots, kind)
+    assert torch.equal(cache, want_cache)
+    builder = triton_attn.TritonAttentionMetadataBuilder(types.SimpleNamespace(block_size=BS), ["layer.0"],
+                                                         fake_vllm_config(f"{kind}_per_token_head"),
+                                                         torch.device("cpu"))
+    meta = builder.build(0, common_metadata(query_lens, seq_lens, table))
+    q = torch.randn(72, HQ, D, generator=g).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    impl.forward(layer, q, None, None, cache, meta, output=out)
+    assert kernel_calls == [kind]
+    want = paged_attention_reference(q.float(), cache, kind, table, meta.seq_lens, meta.query_start_loc, D**-0.5)
+    err = ((out.float() - want).norm() / want.norm()).item()
+    assert torch.isfinite(out).all() and err < 1.5e-2, err

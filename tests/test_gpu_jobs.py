@@ -89,7 +89,9 @@ def test_deadline_stops_a_job_and_skips_the_rest_of_its_lane(tmp_path, monkeypat
 @pytest.mark.parametrize("plan", sorted((REPO / "ci" / "gpu" / "plans").glob("*.jobs")), ids=lambda p: p.name)
 def test_committed_plans_parse(plan):
     parsed = jobs.parse_plan(plan.read_text())
-    assert parsed[0].name == "prepare" and len(parsed[0].gpus) >= 1
+    assert parsed and all(len(j.gpus) >= 1 for j in parsed)
+    if any("ci/gpu/run.sh" in j.command for j in parsed):  # harness jobs need the bundle unpacked first
+        assert parsed[0].name == "prepare"
 
 
 def test_results_io_writes_whole_files_or_nothing(tmp_path):

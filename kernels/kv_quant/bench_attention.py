@@ -3,7 +3,7 @@ bf16 vs fp8_per_token_head (hardware / software e4m3 decode) vs int8_per_token_h
 S and P (the default for bf16) and, for comparison, to dequantized K/V tiles.
 
     bash ci/gpu/run.sh python -m kernels.kv_quant.bench_attention [--out DIR] [--ctx 4096,16384,32768] [--batch 1,8,32]
-        [--prefill 4096 [--prefill-block-m 32,64]]
+        [--prefill 4096]
 
 Needs the patched vLLM on PYTHONPATH (the GPU harness variant). Each point is a CUDA-graph replay of one
 layer's decode step (one query token per sequence; with --prefill also one sequence's prefill chunk; 24 q / 4 kv
@@ -77,27 +77,21 @@ def _time_us(fn) -> float:
     return ms * 1e3
 
 
-# methods timed again at each --prefill-block-m value
-BLOCK_M_METHODS = ("bf16", "fp8_pth_hw", "int8_pth")
-
-
-def bench(batches, ctxs, dev="cuda", unified_attention=None, prefill_chunks=(), prefill_block_ms=()):
+def bench(batches, ctxs, dev="cuda", unified_attention=None, prefill_chunks=()):
     """Rows of decode points (batch x one query token) and, for each chunk in prefill_chunks, a prefill point:
     one sequence whose last `chunk` tokens are the queries (causal), as a chunked prefill step at position
-    ctx - chunk runs it (the 2D kernel). prefill_block_ms: also time BLOCK_M_METHODS at each of these query
-    tiles (patch 0005's VLLM_DCU_PREFILL_BLOCK_M); ratios stay against bf16 at upstream's tile."""
+    ctx - chunk runs it (the 2D kernel). The prefill kernel of patch 0006 has its own bench
+    (kernels/prefill_attention/bench.py); here the unified attention of 0.18.1 + patch 0002 is timed."""
     if unified_attention is None:
-        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+        from vllm.v1.attention.ops import triton_unified_attention as ua
+
+        unified_attention = getattr(ua.unified_attention, "dcu_upstream", ua.unified_attention)
     so = torch.empty(THRESHOLD_3D, HQ, SEGMENTS, D, dtype=torch.float32, device=dev)
     sm = torch.empty(THRESHOLD_3D, HQ, SEGMENTS, dtype=torch.float32, device=dev)
     se = torch.empty_like(sm)
     rows = []
     points = [(ctx, batch, 1) for ctx in ctxs for batch in batches]
     points += [(ctx, 1, chunk) for ctx in ctxs for chunk in prefill_chunks if chunk <= ctx]
-    knobs = unified_attention.__globals__  # the module's settings (patch 0005), read at each call
-    upstream_bm = knobs.get("_DCU_PREFILL_BLOCK_M", 0)
-    if prefill_block_ms and "_DCU_PREFILL_BLOCK_M" not in knobs:
-        raise ValueError("--prefill-block-m needs patch 0005 (this unified_attention has no prefill tiles)")
     for ctx, batch, qlen in points:
         q = torch.randn(batch * qlen, HQ, D, device=dev).to(torch.bfloat16)
         out = torch.empty_like(q)
@@ -106,10 +100,7 @@ def bench(batches, ctxs, dev="cuda", unified_attention=None, prefill_chunks=(), 
         ones = torch.ones(batch, HKV, dtype=torch.float32, device=dev)
         cases = {}
         base_us = None
-        runs = [(name, spec, None) for name, spec in METHODS.items()]
-        if qlen > 1:
-            runs += [(f"{name} BM{bm}", METHODS[name], bm) for bm in prefill_block_ms for name in BLOCK_M_METHODS]
-        for name, (kind, sw, tiles), bm in runs:
+        for name, (kind, sw, tiles) in METHODS.items():
             if kind not in cases:
                 cases[kind] = _case(batch, ctx, kind, dev)
             c = cases[kind]
@@ -122,11 +113,7 @@ def bench(batches, ctxs, dev="cuda", unified_attention=None, prefill_chunks=(), 
                                   num_par_softmax_segments=SEGMENTS, softmax_segm_output=so,
                                   softmax_segm_max=sm, softmax_segm_expsum=se, **extra)
 
-            knobs["_DCU_PREFILL_BLOCK_M"] = upstream_bm if bm is None else bm
-            try:
-                us = _time_us(run)
-            finally:
-                knobs["_DCU_PREFILL_BLOCK_M"] = upstream_bm
+            us = _time_us(run)
             base_us = base_us or us
             kernel = "2D" if qlen > 1 or batch > THRESHOLD_3D else "3D"
             rows.append(dict(ctx=ctx, batch=batch, q_tokens=qlen, method=name, kernel=kernel,
@@ -145,8 +132,6 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", default="1,8,32")
     ap.add_argument("--prefill", default="", help="also time one-sequence prefill chunks of these sizes (query "
                     "tokens at the end of each ctx), e.g. 4096: the attention share of 8-bit KV's prefill cost")
-    ap.add_argument("--prefill-block-m", default="", help="time prefill points again at these query tiles "
-                    "(patch 0005), e.g. 32,64")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kv decode attention bench: needs a CUDA/HIP GPU", file=sys.stderr)
@@ -157,25 +142,22 @@ def main(argv=None) -> int:
         print(f"kv decode attention bench: needs the patched vLLM on PYTHONPATH ({type(e).__name__}: {e})",
               file=sys.stderr)
         return 2
-    if "k_scale_cache" not in ua.unified_attention.__code__.co_varnames:
+    upstream = getattr(ua.unified_attention, "dcu_upstream", ua.unified_attention)  # under patch 0006's router
+    if "k_scale_cache" not in upstream.__code__.co_varnames:
         print("kv decode attention bench: this vLLM lacks patch 0002 (unified_attention has no k_scale_cache)",
               file=sys.stderr)
         return 2
     try:
         batches, ctxs = [int(x) for x in args.batch.split(",")], [int(x) for x in args.ctx.split(",")]
         chunks = [int(x) for x in args.prefill.split(",") if x]
-        block_ms = [int(x) for x in args.prefill_block_m.split(",") if x]
-        if min(batches + ctxs + chunks + block_ms) < 1:
+        if min(batches + ctxs + chunks) < 1:
             raise ValueError
     except ValueError:
-        print("kv decode attention bench: --batch, --ctx, --prefill and --prefill-block-m take positive integers, "
-              "comma separated", file=sys.stderr)
-        return 2
-    if block_ms and not chunks:
-        print("kv decode attention bench: --prefill-block-m needs --prefill", file=sys.stderr)
+        print("kv decode attention bench: --batch, --ctx and --prefill take positive integers, comma separated",
+              file=sys.stderr)
         return 2
     try:
-        rows = bench(batches, ctxs, prefill_chunks=chunks, prefill_block_ms=block_ms)
+        rows = bench(batches, ctxs, unified_attention=upstream, prefill_chunks=chunks)
     except ValueError as e:
         print(f"kv decode attention bench: {e}", file=sys.stderr)
         return 2
