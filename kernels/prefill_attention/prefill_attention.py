@@ -44,9 +44,10 @@ MAX_GROUP = 16  # query heads per kv head the launcher accepts
 
 @triton.jit
 def _find_seq(cu_q_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
-    """Largest s with cu_q[s] // BLOCK_Q + s <= q_block: the sequence whose tiles hold global tile q_block."""
+    """Largest s < num_seqs with cu_q[s] // BLOCK_Q + s <= q_block: the sequence whose tiles hold global tile
+    q_block (tiles past the last sequence's map to it and find no query token there)."""
     lo = 0
-    hi = num_seqs
+    hi = num_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         start = tl.load(cu_q_ptr + mid) // BLOCK_Q + mid
