@@ -283,7 +283,7 @@ def test_mirror_flow_needs_a_host_max_length_and_serves_every_batch(monkeypatch)
 def test_bad_mirror_size_setting_fails_at_startup():
     from kernels.prefill_attention.prefill_attention import MIRROR_ENV, mirror_tokens
 
-    assert mirror_tokens({}) == 65536 and mirror_tokens({MIRROR_ENV: "0"}) == 0
+    assert mirror_tokens({}) == 32768 and mirror_tokens({MIRROR_ENV: "0"}) == 0
     with pytest.raises(ValueError, match=MIRROR_ENV):
         mirror_tokens({MIRROR_ENV: "lots"})
 
