@@ -117,7 +117,7 @@ def load_harness():
     path = os.environ.get("VLLM_DCU_BENCH_HARNESS") or os.path.join(REPO, "ci", "gpu", "harness.py")
     if not os.path.exists(path):
         raise BenchError(f"GPU harness not found at {path}; run through `bash ci/gpu/run.sh python "
-                         f"bench/serve_bench.py ...` after `python ci/gpu/bundle.py --wheel ...`")
+                         f"bench/serve_bench.py ...` after `python -m ci.gpu.bundle --wheel ...`")
     d = os.path.dirname(os.path.abspath(path))
     if d not in sys.path:
         sys.path.insert(0, d)
@@ -255,7 +255,7 @@ def patch_flags(patches: list[str] | None) -> list[str]:
 def validate_variants(requested: list[str], available: list[str], baseline: str | None) -> tuple[str, list[str]]:
     """(baseline, other builds in order); raises BenchError naming what is available."""
     if not available:
-        raise BenchError("the harness lists no variants; bundle wheels with ci/gpu/bundle.py --wheel ...")
+        raise BenchError("the harness lists no variants; bundle wheels with python -m ci.gpu.bundle --wheel ...")
     unknown = [v for v in requested if v not in available]
     if unknown:
         raise BenchError(f"unknown variant {','.join(unknown)}; available: {', '.join(available)}")

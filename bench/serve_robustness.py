@@ -812,7 +812,7 @@ def run(a, clock: Clock) -> int:
     harness = load_harness()
     names = list(harness.variants())
     if not names:
-        raise BenchError("the harness lists no variants; bundle a wheel with ci/gpu/bundle.py --wheel ...")
+        raise BenchError("the harness lists no variants; bundle a wheel with python -m ci.gpu.bundle --wheel ...")
     a.variant = a.variant or (harness.default_variant() if hasattr(harness, "default_variant") else names[-1])
     if a.variant not in names:
         raise BenchError(f"unknown variant {a.variant}; available: {', '.join(names)}")

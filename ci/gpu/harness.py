@@ -73,7 +73,7 @@ def manifest(bundle: Path | None = None) -> dict:
     path = (bundle or bundle_dir()) / "manifest.json"
     if not path.is_file():
         raise HarnessError(f"no bundle at {path.parent} (make one on the CPU machine: "
-                           f"python ci/gpu/bundle.py --wheel dist/<wheel>.whl, and carry .bundle)")
+                           f"python -m ci.gpu.bundle --wheel dist/<wheel>.whl, and carry .bundle)")
     return json.loads(path.read_text())
 
 
