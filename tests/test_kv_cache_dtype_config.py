@@ -289,7 +289,7 @@ def test_rocm_auto_selection_lands_on_a_triton_backend(patched, monkeypatch, nam
     kw = _selector_kwargs(name)
     kw.pop("device_capability")
     path = platform.get_attn_backend_cls(None, AttentionSelectorConfig(**kw))
-    assert path.endswith(("triton_attn.TritonAttentionBackend", "dcu_triton_attn.DcuTritonAttentionBackend")), path
+    assert path.endswith(("triton_attn.TritonAttentionBackend", "vllm.dcu.triton_attn.DcuTritonAttentionBackend")), path
 
 
 @pytest.mark.parametrize("name", PTH)
