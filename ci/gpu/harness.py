@@ -6,7 +6,8 @@
     bash ci/gpu/run.sh list                     the bundle's variants (the default one marked)
     VARIANT=<name> selects the variant (default: the last one in the bundle).
 
-Installs the dependency wheels into /tmp/site once and unpacks each variant into /tmp/variants/<name>/
+Installs the dependency wheels into <tmp>/site once and unpacks each variant into <tmp>/variants/<name>/
+(<tmp>: the system's temporary folder, tempfile.gettempdir(); VLLM_DCU_SITE / VLLM_DCU_VARIANTS override them)
 with the compiled-op stand-ins applied (vllm/_C.py, vllm/vllm_flash_attn/__init__.py); a stamp file per
 folder makes a second run in the same machine skip both.
 
@@ -62,11 +63,11 @@ def bundle_dir() -> Path:
 
 
 def site_dir() -> Path:
-    return Path(os.environ.get("VLLM_DCU_SITE", "/tmp/site"))
+    return Path(os.environ.get("VLLM_DCU_SITE", Path(tempfile.gettempdir()) / "site"))
 
 
 def variants_root() -> Path:
-    return Path(os.environ.get("VLLM_DCU_VARIANTS", "/tmp/variants"))
+    return Path(os.environ.get("VLLM_DCU_VARIANTS", Path(tempfile.gettempdir()) / "variants"))
 
 
 def manifest(bundle: Path | None = None) -> dict:
