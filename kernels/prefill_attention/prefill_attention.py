@@ -160,6 +160,8 @@ def _prefill_kernel(
     q_block = total_q_blocks - 1 - tl.program_id(0)  # heaviest tiles first
     kv_head = tl.program_id(1)
     seq = _find_seq(cu_q_ptr, num_seqs, q_block, BLOCK_Q)
+    if seq >= num_seqs:  # a tile of the padded token rows past the last sequence: nothing to read or write
+        return
     if SEQ_FILTER != 0:  # 1: only sequences marked in sel (read from the mirror), 2: only the others
         marked = tl.load(sel_ptr + seq) != 0
         if marked != (SEQ_FILTER == 1):
