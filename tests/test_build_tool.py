@@ -534,3 +534,46 @@ def test_no_network_fails_cleanly(bad_repo, tmp_path):
 def test_bad_arguments_exit_with_status_2(bad_repo):
     repo, env = bad_repo
     assert build(repo, "--no-such-flag", env=env).returncode == 2
+
+
+# ------------------------------------------------------------------------------------------ the tests' tree, --source
+
+def test_the_tests_tree_is_built_once_and_again_only_when_an_input_changes(synth, monkeypatch):
+    from tools.dcubuild import testtree
+
+    repo, env = synth
+    monkeypatch.setenv("VLLM_DCU_CACHE", env["VLLM_DCU_CACHE"])
+    t = repo / "build" / "test-tree"
+    assert testtree.prepared_tree(t, repo) == t and testtree.is_current(t, repo)
+    marker = t / "vllm" / "marker"
+    marker.write_text("kept while nothing changed")
+    testtree.prepared_tree(t, repo)
+    assert marker.exists()
+    with open(repo / "dcu" / "__init__.py", "a") as f:
+        f.write("# changed\n")
+    assert not testtree.is_current(t, repo)
+    testtree.prepared_tree(t, repo)
+    assert not marker.exists() and testtree.is_current(t, repo)
+    assert (t / "vllm" / "dcu" / "__init__.py").read_text().endswith("# changed\n")
+    write_patch(repo, "0004-stale.patch", "Stale", unified_diff("vllm/nope.py", "a\n", "b\n"))
+    with open(repo / "patches" / "series", "a") as f:
+        f.write("0004-stale.patch\n")
+    with pytest.raises(BuildError, match="could not prepare the patched vLLM tree"):
+        testtree.prepared_tree(t, repo)
+
+
+def test_source_version_comes_from_the_environment_or_pkg_info(tmp_path, monkeypatch):
+    from tools.dcubuild import source
+
+    monkeypatch.delenv("VLLM_DCU_SOURCE_VERSION", raising=False)
+    with pytest.raises(BuildError, match="set VLLM_DCU_SOURCE_VERSION"):
+        source.source_version(tmp_path)
+    (tmp_path / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.18.1\n")
+    assert source.source_version(tmp_path) == "0.18.1"
+    monkeypatch.setenv("VLLM_DCU_SOURCE_VERSION", "0.18.1+das.dtk2604")
+    assert source.source_version(tmp_path) == "0.18.1+das.dtk2604"
+
+
+def test_source_mode_refuses_a_folder_that_is_not_a_vllm_checkout(synth, tmp_path):
+    repo, env = synth
+    _fails_cleanly(repo, env, ("--source", str(tmp_path)), "not a vLLM source checkout")

@@ -1,4 +1,5 @@
-"""bench/sched_sim.py's command line (`python -m bench.sched_sim`): bad input fails with one line; a replayed GPU run writes its tables."""
+"""bench/sched_sim.py's command line (`python -m bench.sched_sim`): bad input fails with one line; a replayed GPU
+run writes its tables."""
 import json
 import os
 import subprocess
