@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-# Things on the box that need compiled vLLM code, and what replaces them (also in the README section).
+# Things on the box that need compiled vLLM code, and what replaces them (also in docs/developing.md).
 UNAVAILABLE = {
     "attention backends": "FLASH_ATTN / FLASHINFER / FLASHMLA need compiled kernels: use TRITON_ATTN",
     "custom ops": "vLLM's CUDA custom ops (rms_norm, silu_and_mul, rotary, ...): custom_ops=['none'] "
