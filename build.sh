@@ -5,12 +5,12 @@
 #   ./build.sh --upto 0002          ... only the series up to 0002     ./build.sh --without 0003,0004
 #   ./build.sh --ablation           baseline + every cumulative prefix into dist/ablation/
 #   ./build.sh --check | --list     apply only and report
-#   ./build.sh --edit / --refresh   developer loop (see README)
+#   ./build.sh --edit / --refresh   developer loop (see docs/developing.md)
 #   ./build.sh --base-wheel FILE    overlay on another wheel (vllm_cscc's, in the DCU container)
 #   ./build.sh --source DIR         apply to a source checkout and run its own wheel build
-# The steps live in tools/vllm_dcu_build.py; each prints one line.
+# The steps live in tools/dcubuild/ (run as a module from the repository root); each prints one line.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 command -v git >/dev/null || { echo "error: git is required" >&2; exit 1; }
-exec "$PY" tools/vllm_dcu_build.py "$@"
+exec "$PY" -m tools.dcubuild "$@"

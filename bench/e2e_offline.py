@@ -1,7 +1,7 @@
 """Concurrency-1 end-to-end TTFT / TPOT per build and configuration, offline engine (no HTTP), one GPU run.
 
 Each configuration runs in its own process with its harness variant on PYTHONPATH (bash ci/gpu/run.sh python
-bench/e2e_offline.py ...). Dummy Qwen3.5-27B-shaped weights (--layers, default 16: 4 full-attention layers with
+-m bench.e2e_offline ...). Dummy Qwen3.5-27B-shaped weights (--layers, default 16: 4 full-attention layers with
 the real per-layer shapes). To keep engine starts short it skips torch.compile but keeps CUDA graphs for decode
 (compilation mode NONE, cudagraph_mode FULL_DECODE_ONLY, capture size 1): TPOT is graph-replayed kernels, like
 the contest's decode; TTFT is eager prefill (the same for every build except attention and KV-write kernels).
@@ -26,6 +26,7 @@ import random
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -109,6 +110,9 @@ def main() -> int:
     ap.add_argument("--out-tokens", type=int, default=128)
     ap.add_argument("--timeout-s", type=int, default=170, help="per configuration")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
+    ap.add_argument("--work", default=os.environ.get("BENCH_WORK") or str(Path(tempfile.gettempdir()) / "vllm-dcu-e2e"),
+                    help="scratch folder for the dummy model's config (default: $BENCH_WORK, else vllm-dcu-e2e in "
+                         "the system's temporary folder: %(default)s)")
     ap.add_argument("--compile-log", action="store_true",
                     help="log Triton compiles (ci/gpu/diag) and count them per phase: start, each length's first "
                          "request, the timed requests")
@@ -139,7 +143,7 @@ def main() -> int:
         cfgs.append(dict(name=name, variant=variant, backend=backend, kv=kv, env=env_extra, layers=args.layers,
                          inputs=[int(x) for x in args.inputs.split(",")], out_tokens=args.out_tokens,
                          max_len=max(int(x) for x in args.inputs.split(",")) + args.out_tokens + 64,
-                         model_dir=f"/tmp/e2e-model-l{args.layers}"))
+                         model_dir=str(Path(args.work) / f"e2e-model-l{args.layers}")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -152,7 +156,7 @@ def main() -> int:
             gpu = torch.cuda.get_device_name(0)
         except Exception:
             pass
-        cmd = "bash ci/gpu/run.sh python bench/e2e_offline.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        cmd = "bash ci/gpu/run.sh python -m bench.e2e_offline " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         stem = f"{datetime.date.today().isoformat()}-{gpu.lower().replace('nvidia ', '').replace(' ', '-')}-e2e-offline"
         results_io = _load("results_io", REPO / "kernels" / "results_io.py")
         doc = dict(command=cmd, gpu=gpu, layers=args.layers, out_tokens=args.out_tokens, results=results)

@@ -17,7 +17,7 @@ output fits a 32768-token context.
 Determinism: the text depends only on (tier, seed, index) and this file;
 `prompts_sha256` of a written file is recorded in every benchmark JSON.
 
-Usage: python bench/prompts.py OUT_DIR [--tiers 4-8K,8-16K,16-32K] [--count 64] [--seed 0]
+Usage: python -m bench.prompts OUT_DIR [--tiers 4-8K,8-16K,16-32K] [--count 64] [--seed 0]
 """
 from __future__ import annotations
 
@@ -29,10 +29,7 @@ import random
 import re
 import sys
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.synth_tokenizer import ENGLISH_WORDS, PRETOKEN_PATTERN  # noqa: E402
+from bench.synth_tokenizer import ENGLISH_WORDS, PRETOKEN_PATTERN
 
 # Tier name -> [min, max) prompt tokens (chat-templated, as vllm bench counts them).
 TIERS: dict[str, tuple[int, int]] = {

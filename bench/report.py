@@ -7,7 +7,7 @@ output tok/s, TTFT P50/P99, TPOT P50/P99, ratios to the baseline, the
 baseline's run-to-run spread, and for the contest protocol the score terms
 (bench/score.py).
 
-Usage: python bench/report.py STEP.json [STEP2.json ...] [--out bench/results/<date>-<gpu>-<what>]
+Usage: python -m bench.report STEP.json [STEP2.json ...] [--out bench/results/<date>-<gpu>-<what>]
 Writes <out>.md and <out>.png (matplotlib); the default <out> is the first
 JSON's path without .json.
 """
@@ -20,11 +20,8 @@ import shlex
 import statistics
 import sys
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.score import TIER_MAX, percentile, score_terms  # noqa: E402
-from kernels.results_io import save_figure, write_text  # noqa: E402
+from bench.score import TIER_MAX, percentile, score_terms
+from kernels.results_io import save_figure, write_text
 
 TIERS = list(TIER_MAX)
 METRICS = [  # (key in run["bench"], column title, format)
@@ -362,7 +359,7 @@ def main(argv=None) -> int:
     ap.add_argument("json", nargs="+")
     ap.add_argument("--out", default=None, help="output path without extension")
     a = ap.parse_args(argv)
-    cmd = "python bench/report.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    cmd = "python -m bench.report " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     try:
         md, png = write_report(a.json, a.out, cmd if len(a.json) > 1 or a.out else None)
     except ReportError as e:

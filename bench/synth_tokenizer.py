@@ -28,7 +28,7 @@ leading space, a run of newlines, or one other whitespace character. Decoding
 concatenates the pieces, so any text made of ASCII words, digits, symbols,
 spaces and newlines round-trips exactly; anything else maps to `<unk>`.
 
-Usage: python bench/synth_tokenizer.py MODEL_DIR [--vocab-size 248320]
+Usage: python -m bench.synth_tokenizer MODEL_DIR [--vocab-size 248320]
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 #   ci/run_tests.sh [pytest args]       e.g. ci/run_tests.sh -q ; ci/run_tests.sh -q tests/test_build.py
 # Creates $VLLM_DCU_VENV (default ~/.cache/vllm-dcu/venv-cpu) on first use and installs ci/requirements-cpu.txt
 # (torch CPU build, triton for its CPU interpreter, vLLM's pure-Python deps); reinstalls when that file changes.
+# Prepares the patched vLLM tree the tests import and puts it first on PYTHONPATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VLLM_DCU_VENV:-$HOME/.cache/vllm-dcu/venv-cpu}
@@ -18,4 +19,10 @@ if [ "$(cat "$VENV/.requirements.sha256" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$VENV/.requirements.sha256"
 fi
 export PYTHON="$VENV/bin/python"
-exec "$VENV/bin/python" -m pytest "$@"
+# The patched vLLM tree the tests import (tests/conftest.py checks it): VLLM_DCU_TREE, else build/test-tree,
+# (re)built by the build tool when its inputs changed. VLLM_DCU_USE_INSTALLED=1 tests an installed vllm instead.
+if [ "${VLLM_DCU_USE_INSTALLED:-}" != 1 ]; then
+  tree=${VLLM_DCU_TREE:-$("$PYTHON" -m tools.dcubuild.testtree)}
+  export PYTHONPATH="$tree:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+exec "$PYTHON" -m pytest "$@"

@@ -1,25 +1,25 @@
 """Shared test setup.
 
-* The repository root is importable, so `import kernels...` works (kernel tests).
-* `import vllm` resolves to the PATCHED tree of the full series: at session start the build tool applies
-  patches/series to the pinned base and installs kernels/ into build/test-tree (about 20 s; reused while the
-  tool, pins, patches and kernels are unchanged),
-  and that tree goes first on sys.path. Set VLLM_DCU_TREE=<dir> to use another tree, or
-  VLLM_DCU_USE_INSTALLED=1 to test whatever `import vllm` finds (the GPU harness does this).
+* The repository root is importable (pytest.ini: `pythonpath = .`), so `import kernels...`, `dcu`, `bench`,
+  `tools` work.
+* `import vllm` resolves to the PATCHED tree of the full series: ci/run_tests.sh prepares build/test-tree
+  (`python -m tools.dcubuild.testtree`: the build tool applies patches/series to the pinned base and installs
+  kernels/ and dcu/, about 20 s, reused while the tool, pins, patches and packages are unchanged) and puts it
+  first on PYTHONPATH, so subprocesses started by tests see it too. VLLM_DCU_TREE=<dir> makes run_tests.sh use
+  another tree; VLLM_DCU_USE_INSTALLED=1 tests whatever `import vllm` finds (the GPU harness does this).
+  This file edits no import path: it checks that the tree found is the current one and stops the run otherwise.
 * Without a GPU, TRITON_INTERPRET=1 is set before any kernel is imported (Triton's CPU interpreter).
 * GPU tests are marked `gpu` and deselected by default (pytest.ini); run them with `-m gpu` on a GPU machine.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 def _has_gpu() -> bool:
@@ -38,32 +38,33 @@ if not _has_gpu():
 
 
 def _patched_tree() -> Path | None:
+    """The folder `import vllm` loads from, checked to be a current patched tree (None: testing an installed
+    vllm on purpose)."""
     if os.environ.get("VLLM_DCU_USE_INSTALLED") == "1":
         return None
-    if os.environ.get("VLLM_DCU_TREE"):
-        return Path(os.environ["VLLM_DCU_TREE"]).resolve()
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import vllm_dcu_build
-    finally:
-        sys.path.remove(str(REPO / "tools"))
-    try:  # a tree built from the same inputs is reused
-        return vllm_dcu_build.prepared_tree(REPO / "build" / "test-tree")
-    except vllm_dcu_build.BuildError as e:
-        raise pytest.UsageError(f"tests: {e}") from None  # e names the tree and carries the build's output
+    from tools.dcubuild import testtree
+
+    spec = importlib.util.find_spec("vllm")
+    tree = Path(spec.submodule_search_locations[0]).parent if spec and spec.submodule_search_locations else None
+    how = ("run the tests through ci/run_tests.sh, which prepares the tree and puts it on PYTHONPATH (or set "
+           "VLLM_DCU_USE_INSTALLED=1 to test an installed vllm)")
+    chosen = os.environ.get("VLLM_DCU_TREE")
+    if chosen:
+        if tree != Path(chosen).resolve():
+            raise pytest.UsageError(f"tests: VLLM_DCU_TREE is {chosen} but `import vllm` finds {tree}: {how}")
+        return tree
+    if tree is None or not (tree / testtree.STAMP).is_file():
+        raise pytest.UsageError(f"tests: `import vllm` finds {tree or 'nothing'}, not the tests' patched tree: {how}")
+    if not testtree.is_current(tree):
+        raise pytest.UsageError(f"tests: the patched tree {tree} is older than tools/, vendor/, patches/, kernels/ "
+                                f"or dcu/: {how}")
+    return tree
 
 
 _TREE = _patched_tree()
-if _TREE is not None:
-    sys.path.insert(0, str(_TREE))
-    # subprocesses started by tests (e.g. `python -m vllm...`) see the same tree
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(_TREE), str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep)
 
 
 @pytest.fixture(scope="session")
 def vllm_tree() -> Path | None:
-    """The patched vLLM tree on sys.path (None when testing an installed vllm)."""
+    """The patched vLLM tree `import vllm` loads (None when testing an installed vllm)."""
     return _TREE
-
-

@@ -1,5 +1,6 @@
-"""Benchmark driver (bench/serve_bench.py): argument validation, plan, memory profiles, and the whole
-start/bench/stop/report loop against a fake `vllm` (tests/data/fake_vllm) through a fake harness."""
+"""Benchmark driver (python -m bench.serve_bench and its bench/serve_*.py modules): argument validation, plan,
+memory profiles, and the whole start/bench/stop/report loop against a fake `vllm` (tests/data/fake_vllm) through a
+fake harness."""
 import json
 import os
 import subprocess
@@ -7,8 +8,11 @@ import sys
 
 import pytest
 
-from bench import profiles
-from bench.serve_bench import BenchError, step_chunk, validate_variants
+from bench import profiles, serve_metrics, serve_plan
+from bench.bench_client import MARK
+from bench.serve_bench import config_from_argv
+from bench.serve_config import BenchError
+from bench.serve_plan import step_chunk, validate_variants
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE_HARNESS = os.path.join(REPO, "tests", "data", "fake_harness.py")
@@ -17,7 +21,7 @@ FAKE_HARNESS = os.path.join(REPO, "tests", "data", "fake_harness.py")
 def drive(*args, tmp_path, env_extra=None):
     env = dict(os.environ, VLLM_DCU_BENCH_HARNESS=FAKE_HARNESS, OUT=str(tmp_path / "out"))
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "bench/serve_bench.py", "--work", str(tmp_path / "work"),
+    return subprocess.run([sys.executable, "-m", "bench.serve_bench", "--work", str(tmp_path / "work"),
                            "--gpu", "test", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
 
 
@@ -63,11 +67,23 @@ def test_steps_split_the_builds_once_each_and_every_step_brackets_them_with_the_
 
 
 def test_baseline_last_runs_the_baseline_once_after_the_other_builds():
-    from bench import serve_bench
-    a = _args("--baseline-last", "--protocols", "load", "--tiers", "16-32K", "--load-rate", "0.6")
-    assert [p["variant"] for p in serve_bench.make_plan(a, "b", ["x", "y"])] == ["x", "y", "b"]
-    a = _args("--protocols", "load", "--tiers", "16-32K", "--load-rate", "0.6")
-    assert [p["variant"] for p in serve_bench.make_plan(a, "b", ["x", "y"])] == ["b", "x", "y", "b"]
+    a = config_from_argv(["--baseline-last", "--protocols", "load", "--tiers", "16-32K", "--load-rate", "0.6"])
+    assert [p["variant"] for p in serve_plan.make_plan(a, "b", ["x", "y"])] == ["x", "y", "b"]
+    a = config_from_argv(["--protocols", "load", "--tiers", "16-32K", "--load-rate", "0.6"])
+    assert [p["variant"] for p in serve_plan.make_plan(a, "b", ["x", "y"])] == ["b", "x", "y", "b"]
+
+
+def test_the_configuration_is_frozen_and_records_the_arguments_the_report_reads():
+    import dataclasses
+
+    a = config_from_argv(["--tiers", "4-8K,8-16K", "--capture-sizes", "1,2"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.layers = 8
+    rec = a.record()
+    assert (rec["layers"], rec["mode"], rec["output_len"], rec["requests"]) == (16, "graph", 250, 10)
+    assert rec["tiers"] == ["4-8K", "8-16K"] and rec["capture_sizes"] == [1, 2]
+    import json
+    json.dumps(rec)
 
 
 def test_dry_run_prints_contest_server_and_bench_flags(tmp_path):
@@ -141,14 +157,17 @@ def test_dcu64_profile_enforces_the_scaled_kv_budget(tmp_path):
     assert f"--kv-cache-memory-bytes {6 * 2**30 // 2}" in p.stdout
 
 
-def test_dcu64_arithmetic():
+def test_dcu64_arithmetic_gives_the_documented_budget():
+    """The numbers of bench/profiles.py's docstring, worked out by hand there, and the budget the 2026-11-30 load
+    runs were made with (kv_cache_memory_bytes 1904678988 at 16 layers, bench/results/)."""
     # Qwen3.5-27B: ~26.9e9 language-model parameters, ~54 GB in bf16
     assert profiles.lm_params(64) == pytest.approx(26.896e9, rel=1e-3)
     b = profiles.dcu64_breakdown()
     assert b["usable_gib"] == pytest.approx(60.8)
-    assert b["kv_gib_64_layers"] == pytest.approx(
-        60.8 - b["lm_weights_gib"] - b["vision_weights_gib"] - b["activation_peak_gib"] - b["non_torch_gib"])
-    assert 6.5 < b["kv_gib_64_layers"] < 7.5
+    assert b["lm_weights_gib"] == pytest.approx(50.10, abs=0.005)
+    assert b["vision_weights_gib"] == pytest.approx(0.86, abs=0.005)
+    assert b["kv_gib_64_layers"] == pytest.approx(7.10, abs=0.01)
+    assert profiles.dcu64_kv_bytes(16) == 1904678988  # 1.77 GiB
     assert profiles.dcu64_kv_bytes(16) * 4 == pytest.approx(profiles.dcu64_kv_bytes(64), abs=4)
     with pytest.raises(ValueError, match="nothing left"):
         profiles.dcu64_kv_bytes(16, kv_gib_64_layers=-1.0)
@@ -193,24 +212,14 @@ def test_deadline_skips_servers_that_would_not_finish(tmp_path):
     assert "skipped" in open(tmp_path / "out" / js.replace(".json", ".md")).read()
 
 
-def _args(*argv):
-    from bench import serve_bench
-
-    a = serve_bench.build_parser().parse_args(list(argv))
-    serve_bench.check_args(a)
-    return a
-
-
 def test_server_flags_parse_with_vllms_own_serve_parser(monkeypatch):
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.platforms import current_platform
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from bench import serve_bench
-
     monkeypatch.setattr(current_platform, "device_type", "cpu")  # the parser's DeviceConfig default needs one
-    a = _args("--profile", "dcu64", "--layers", "16")
-    cmd = serve_bench.server_cmd(a, "/models/q35", 8123, ["--language-model-only", "--attention-backend",
+    a = config_from_argv(["--profile", "dcu64", "--layers", "16"])
+    cmd = serve_plan.server_cmd(a, "/models/q35", 8123, ["--language-model-only", "--attention-backend",
                                                            "TRITON_ATTN"], ["--attention-backend", "FLASHINFER"])
     assert cmd[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
     ns = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[4:])
@@ -228,12 +237,10 @@ def test_bench_flags_parse_with_vllm_bench_serves_own_parser():
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from bench import serve_bench
-
-    a = _args("--protocols", "contest,load")
+    a = config_from_argv(["--protocols", "contest,load"])
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    c = parser.parse_args(serve_bench.bench_cmd(a, "contest", "4-8K", 8123, "/p/4-8K.jsonl", "/r", "x.json",
+    c = parser.parse_args(serve_plan.bench_cmd(a, "contest", "4-8K", 8123, "/p/4-8K.jsonl", "/r", "x.json",
                                                 None, {"variant": "v1"}))
     assert (c.backend, c.endpoint, c.dataset_name, c.dataset_path) == (
         "openai-chat", "/v1/chat/completions", "custom", "/p/4-8K.jsonl")
@@ -242,13 +249,13 @@ def test_bench_flags_parse_with_vllm_bench_serves_own_parser():
     assert (c.percentile_metrics, c.metric_percentiles) == ("ttft,tpot,itl,e2el", "50,95,99")
     assert c.disable_shuffle and c.no_oversample and c.save_result and c.save_detailed
     assert (c.result_dir, c.result_filename, c.metadata) == ("/r", "x.json", ["variant=v1"])
-    ld = parser.parse_args(serve_bench.bench_cmd(a, "load", "4-8K", 8123, "/p/4-8K.jsonl", "/r", "y.json",
+    ld = parser.parse_args(serve_plan.bench_cmd(a, "load", "4-8K", 8123, "/p/4-8K.jsonl", "/r", "y.json",
                                                  3.25, {}))
     assert (ld.max_concurrency, ld.request_rate, ld.num_prompts) == (16, 3.25, 32)
 
 
 def test_server_log_parsing_reads_vllm_0_18_1_messages_and_the_memory_overhead():
-    from bench.serve_bench import memory_overhead_gib, parse_server_log
+    from bench.serve_metrics import memory_overhead_gib, parse_server_log
 
     log = """INFO 11-30 04:00:00 [utils.py:277] vLLM server version 0.18.1+dcu.2.ab12cd34, serving model /m
 INFO [gpu_model_runner.py:4567] Model loading took 16.08 GiB memory and 12.5 seconds
@@ -270,14 +277,11 @@ INFO [core.py:282] init engine (profile, create kv cache, warmup model) took 80.
 def test_bench_client_reports_each_call_and_survives_a_bad_one(tmp_path):
     import sys as _sys
 
-    from bench import serve_bench
-
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests", "data", "fake_vllm"))
     bad = ["--port", "1", "--bogus-flag"]
     p = subprocess.run([_sys.executable, "bench/bench_client.py"], input=json.dumps(bad) + "\n" + json.dumps(bad)
                        + "\n", capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
-    marks = [json.loads(line[len(serve_bench.MARK):]) for line in p.stdout.splitlines()
-             if line.startswith(serve_bench.MARK)]
+    marks = [json.loads(line[len(MARK):]) for line in p.stdout.splitlines() if line.startswith(MARK)]
     assert marks[0] == {"rc": 0, "ready": True}
     assert len(marks) == 3 and all(m["rc"] == 1 for m in marks[1:])
     assert marks[1]["error"].startswith("vllm bench serve: error: ")  # argparse's own line
@@ -289,50 +293,44 @@ def test_report_records_the_exact_command_and_prints_the_tables_last(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     md = next(f for f in os.listdir(tmp_path / "out") if f.endswith("-test-cmd.md"))
     first = open(tmp_path / "out" / md).read().splitlines()[2]
-    assert first == (f"Command: `bash ci/gpu/run.sh python bench/serve_bench.py --work {tmp_path / 'work'} --gpu test "
+    assert first == (f"Command: `bash ci/gpu/run.sh python -m bench.serve_bench --work {tmp_path / 'work'} --gpu test "
                      "--variants full --tiers 4-8K --requests 2 --what cmd --no-repeat-baseline`")
     assert p.stdout.rstrip().endswith("|")  # a table row is the last thing printed
     assert "## Setup" not in p.stdout
 
 
 def test_first_build_counts_at_half_in_the_deadline_estimate():
-    from bench import serve_bench
-
     # the first build pays the cold JIT: it must not make a warm second build look unaffordable
-    assert serve_bench.server_estimate([]) is None
-    assert serve_bench.server_estimate([380.0]) == 190.0
-    assert serve_bench.server_estimate([380.0, 120.0]) == 120.0
-    assert serve_bench.server_estimate([380.0, 120.0, 150.0, 100.0]) == 150.0
+    assert serve_plan.server_estimate([]) is None
+    assert serve_plan.server_estimate([380.0]) == 190.0
+    assert serve_plan.server_estimate([380.0, 120.0]) == 120.0
+    assert serve_plan.server_estimate([380.0, 120.0, 150.0, 100.0]) == 150.0
 
 
 def test_auto_load_rate_is_capped_by_kv_capacity_under_dcu64():
-    from bench import serve_bench
-
     conc1 = {"mean_ttft_ms": 1400.0, "mean_e2el_ms": 2900.0}  # a 16-32K concurrency-1 run, 16 layers
-    rate, how = serve_bench.auto_load_rate(conc1, "16-32K", 16, "h200")
+    rate, how = serve_plan.auto_load_rate(conc1, "16-32K", 16, "h200")
     assert rate == pytest.approx(0.6 / 1.4) and "concurrency-1" in how
-    rate, how = serve_bench.auto_load_rate(conc1, "16-32K", 16, "dcu64")
+    rate, how = serve_plan.auto_load_rate(conc1, "16-32K", 16, "dcu64")
     assert rate == pytest.approx(0.1) and how == "dcu64 KV-capacity cap"
-    assert serve_bench.auto_load_rate(None, "16-32K", 64, "dcu64")[0] == pytest.approx(0.025)
-    rate, how = serve_bench.auto_load_rate(None, "4-8K", 16, "h200")
+    assert serve_plan.auto_load_rate(None, "16-32K", 64, "dcu64")[0] == pytest.approx(0.025)
+    rate, how = serve_plan.auto_load_rate(None, "4-8K", 16, "h200")
     assert rate == 4.0 and how.startswith("fixed table")
 
 
 def test_server_counters_are_summed_over_label_sets_and_reported_as_increases():
-    from bench import serve_bench
-
     text = ("# HELP vllm:num_preemptions_total x\n# TYPE vllm:num_preemptions_total counter\n"
             'vllm:num_preemptions_total{engine="0",model_name="m"} 4.0\n'
             'vllm:num_preemptions_total{engine="1",model_name="m"} 2.0\n'
             'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1.5e+04\n'
             'vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e+09\n'
             "vllm:generation_tokens_total 250\n")
-    got = serve_bench.parse_counters(text)
+    got = serve_metrics.parse_counters(text)
     assert got == {"preemptions": 6.0, "prefix_cache_hits": 15000.0, "generation_tokens": 250.0}
     after = dict(got, preemptions=9.0)
-    assert serve_bench.counter_increase(got, after) == {"preemptions": 3, "prefix_cache_hits": 0,
+    assert serve_metrics.counter_increase(got, after) == {"preemptions": 3, "prefix_cache_hits": 0,
                                                          "generation_tokens": 0}
-    assert serve_bench.counter_increase(None, after) is None
+    assert serve_metrics.counter_increase(None, after) is None
 
 
 @pytest.mark.parametrize("spec", ["x=full:DCU_TRITON_ATTN", "x=full:DCU_TRITON_ATTN:auto:1BAD=3",

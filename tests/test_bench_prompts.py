@@ -1,5 +1,6 @@
 """Prompt generator (bench/prompts.py): lengths inside each tier, determinism, needles, bad input."""
 import json
+import os
 import subprocess
 import sys
 
@@ -62,7 +63,7 @@ def test_every_needle_is_in_the_text_and_the_question_asks_for_one():
 def test_unknown_tier_is_rejected_with_the_supported_list(tmp_path):
     with pytest.raises(ValueError, match="unknown tier 2-4K; supported: 4-8K,8-16K,16-32K"):
         make_prompt("2-4K", 0)
-    p = subprocess.run([sys.executable, "bench/prompts.py", str(tmp_path), "--tiers", "4-8K,64K"],
-                       capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "bench.prompts", str(tmp_path), "--tiers", "4-8K,64K"],
+                       capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert p.returncode == 2
     assert p.stderr.strip() == "prompts: unknown tier 64K; supported: 4-8K,8-16K,16-32K"

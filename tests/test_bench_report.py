@@ -10,6 +10,7 @@ import pytest
 from bench.report import render_markdown, section_scores, sections, write_report
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "bench_step_fixture.json")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -101,7 +102,8 @@ def test_plot_is_a_png_and_failed_builds_appear_as_failed(doc, tmp_path):
 def test_report_cli_rejects_a_file_that_is_not_a_result(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"foo": 1}')
-    p = subprocess.run([sys.executable, "bench/report.py", str(bad)], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "bench.report", str(bad)], capture_output=True, text=True,
+                       cwd=REPO)
     assert p.returncode == 2
     assert p.stderr.strip() == f"report: error: {bad} is not a serve_bench result (no 'runs'/'baseline')"
 

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from bench.serve_bench import CONTEST_SERVER_FLAGS
+from bench.serve_config import CONTEST_SERVER_FLAGS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

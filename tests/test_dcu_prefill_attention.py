@@ -136,7 +136,7 @@ def test_mixed_batch_through_the_backend_reaches_the_kernel_and_matches_referenc
     from vllm.v1.attention.backends import triton_attn
 
     if backend == "DCU_TRITON_ATTN":
-        from vllm.v1.attention.backends import dcu_triton_attn as mod
+        from vllm.dcu import triton_attn as mod
 
         builder_cls, impl_cls = mod.DcuTritonAttentionMetadataBuilder, mod.DcuTritonAttentionImpl
     else:

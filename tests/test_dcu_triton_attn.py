@@ -21,11 +21,10 @@ HQ, HKV, D, BS = 6, 2, 32, 16
 @pytest.fixture(scope="module")
 def backend_mod(vllm_tree):
     try:
-        from vllm.v1.attention.backends import dcu_triton_attn
+        from vllm.dcu import triton_attn
     except ImportError as e:
-        pytest.fail(f"DCU_TRITON_ATTN is not in the patched tree ({e}): is 0003-dcu-triton-decode-attention.patch "
-                    "in patches/series?")
-    return dcu_triton_attn
+        pytest.fail(f"vllm.dcu.triton_attn (dcu/triton_attn.py) is not in the patched tree: {e}")
+    return triton_attn
 
 
 def fake_vllm_config(max_num_seqs=8, capture_sizes=(1, 2, 4), cache_dtype="auto"):
@@ -33,7 +32,7 @@ def fake_vllm_config(max_num_seqs=8, capture_sizes=(1, 2, 4), cache_dtype="auto"
 
     model = types.SimpleNamespace(
         get_num_attention_heads=lambda pc: HQ, get_num_kv_heads=lambda pc: HKV, get_head_size=lambda: D,
-        dtype=torch.bfloat16)
+        dtype=torch.bfloat16)  # the builder's prefill warmup (patch 0006) reads it; a no-op on the CPU
     return types.SimpleNamespace(
         model_config=model,
         parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),

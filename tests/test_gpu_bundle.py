@@ -112,11 +112,11 @@ def env(tmp_path):
 
 
 def run_bundle(e, *extra: str, wheels=None) -> subprocess.CompletedProcess:
-    args = [sys.executable, str(GPU / "bundle.py")]
+    args = [sys.executable, "-m", "ci.gpu.bundle"]
     for w in (wheels if wheels is not None else [e["wheel"]]):
         args += ["--wheel", str(w)]
     args += ["--out", str(e["out"]), "--deps", str(e["deps"]), "--cache", str(e["cache"]), "--offline", *extra]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
 def assert_one_line_error(p: subprocess.CompletedProcess, *words: str) -> None:
@@ -178,9 +178,9 @@ def test_bundle_names_variants_by_version_local_part_or_name_and_rejects_duplica
     assert_one_line_error(run_bundle(env, "--name", "x", wheels=[up, base]), "--name given 1 time(s) for 2")
     assert_one_line_error(run_bundle(env, "--name", "bad/name"), "must be letters")
     # a shell glob after one --wheel, as in `--wheel dist/*.whl`
-    p = subprocess.run([sys.executable, str(GPU / "bundle.py"), "--wheel", str(up), str(base), "--out",
+    p = subprocess.run([sys.executable, "-m", "ci.gpu.bundle", "--wheel", str(up), str(base), "--out",
                         str(env["out"]), "--deps", str(env["deps"]), "--cache", str(env["cache"]), "--offline"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 0, p.stderr
     assert [v["name"] for v in json.loads((env["out"] / "manifest.json").read_text())["variants"]] == [
         "upstream", "base"]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from ci.gpu import jobs
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from ci.gpu import jobs  # noqa: E402
 
 
 def _run_cli(*args, cwd=REPO, env=None):

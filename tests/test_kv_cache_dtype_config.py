@@ -68,6 +68,33 @@ def test_cli_choices_and_storage_dtype(patched):
         assert kv_cache_scale_bytes(name) == 0
 
 
+def test_the_names_have_one_source_kv_quant_layout(patched):
+    """KV_QUANT_DTYPES of kernels/kv_quant/layout.py is the only list of the names: no patch, no dcu/ module and
+    no kernel module spells them or tests a suffix; vLLM's CacheDType, dtype table and TRITON_ATTN's supported
+    list are built from it."""
+    import re
+    from pathlib import Path
+    from typing import get_args
+
+    from vllm.config.cache import CacheDType
+    from vllm.dcu_kernels.kv_quant.layout import KV_QUANT_DTYPES
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    repo = Path(__file__).resolve().parent.parent
+    spelled = re.compile(r"[\"']_?(fp8|int8)?_per_token_head[\"']")
+    sources = [(f, [l for l in f.read_text().splitlines() if l.startswith("+")])
+               for f in (repo / "patches").glob("*.patch")]
+    sources += [(f, f.read_text().splitlines()) for d in ("dcu", "kernels") for f in (repo / d).rglob("*.py")
+                if f.name != "layout.py" and not f.name.startswith("bench") and f.name != "numerics.py"]
+    for f, lines in sources:
+        assert not [l for l in lines if spelled.search(l)], f
+    assert set(KV_QUANT_DTYPES) == set(PTH)
+    assert set(KV_QUANT_DTYPES) <= set(get_args(CacheDType))
+    assert set(KV_QUANT_DTYPES) <= set(STR_DTYPE_TO_TORCH_DTYPE)
+    assert set(KV_QUANT_DTYPES) <= set(TritonAttentionBackend.supported_kv_cache_dtypes)
+
+
 def test_kv_cache_dtype_cli_choices_include_the_names(patched):
     import argparse
 
@@ -262,7 +289,7 @@ def test_rocm_auto_selection_lands_on_a_triton_backend(patched, monkeypatch, nam
     kw = _selector_kwargs(name)
     kw.pop("device_capability")
     path = platform.get_attn_backend_cls(None, AttentionSelectorConfig(**kw))
-    assert path.endswith(("triton_attn.TritonAttentionBackend", "dcu_triton_attn.DcuTritonAttentionBackend")), path
+    assert path.endswith(("triton_attn.TritonAttentionBackend", "vllm.dcu.triton_attn.DcuTritonAttentionBackend")), path
 
 
 @pytest.mark.parametrize("name", PTH)

@@ -148,6 +148,22 @@ def test_padded_token_rows_past_the_last_sequence_are_not_written():
     assert_close(out, reference(case), torch.bfloat16, rows=12)
 
 
+def test_padded_rows_stay_untouched_when_the_metadata_buffers_go_on_past_the_batch():
+    """vLLM passes query_start_loc, seq_lens and the block table as slices of persistent buffers, so what lies past
+    the batch is whatever an earlier batch left there. The tiles of the padded rows must not read it: here it
+    describes a plausible extra sequence, which the kernel would attend and write into the padded rows."""
+    case = make_case([(5, 10), (7, 0)], block_size=16, d=16, extra_rows=6, seed=8)
+    cu, lens, table = case["cu_seqlens_q"], case["seq_lens"], case["block_table"]
+    cu_buf = torch.cat([cu, torch.tensor([cu[-1] + 6], dtype=torch.int32)])
+    lens_buf = torch.cat([lens, torch.tensor([6], dtype=torch.int32)])
+    table_buf = torch.cat([table, table[:1]])
+    out = torch.full_like(case["q"], float("nan"))
+    prefill_attention(case["q"], case["k_cache"], case["v_cache"], out, cu_buf[:3], lens_buf[:2], table_buf[:2],
+                      case["scale"], params=p(16))
+    assert torch.isnan(out[12:]).all()
+    assert_close(out, reference(case), torch.bfloat16, rows=12)
+
+
 def test_head_dim_not_a_power_of_two():
     case = make_case([(11, 20)], block_size=16, d=24, seed=9)
     assert_close(run(case, params=p(16)), reference(case), torch.bfloat16)

@@ -1,4 +1,5 @@
-"""bench/sched_sim.py's command line: bad input fails with one line; a replayed GPU run writes its tables."""
+"""bench/sched_sim.py's command line (`python -m bench.sched_sim`): bad input fails with one line; a replayed GPU
+run writes its tables."""
 import json
 import os
 import subprocess
@@ -10,8 +11,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def sim(*args, tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the patched test tree first
-    return subprocess.run([sys.executable, "bench/sched_sim.py", "--out", str(tmp_path), *args], cwd=REPO, env=env,
+    # the patched test tree is first on PYTHONPATH (ci/run_tests.sh), so the command imports it
+    return subprocess.run([sys.executable, "-m", "bench.sched_sim", "--out", str(tmp_path), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
 
 

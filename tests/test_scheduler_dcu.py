@@ -11,7 +11,6 @@ attention block size of 784 tokens ("align" mode with prefix caching, fp32 SSM s
 """
 from __future__ import annotations
 
-import random
 import shutil
 import subprocess
 import sys
@@ -24,24 +23,12 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "scheduler"
 PATCH = REPO / "patches" / "0004-scheduler-decode-first-adaptive-budget.patch"
 
-try:
-    import vllm.v1.core.sched.dcu_tpot_budget  # noqa: E402,F401  (created by patch 0004)
-except ModuleNotFoundError:
-    # Only while the patch waits for its patches/series line; once listed, a missing module is a failure.
-    if PATCH.name not in (REPO / "patches" / "series").read_text():
-        pytest.skip(f"{PATCH.name} is not in patches/series yet", allow_module_level=True)
-    raise
-
 from vllm.config import SchedulerConfig  # noqa: E402
+from vllm.dcu.scheduler.budget import TpotBudget  # noqa: E402  (the copy the patched scheduler uses)
+from vllm.dcu.scheduler.options import SCHEDULER_PRESETS, apply_scheduler_preset  # noqa: E402
+from vllm.dcu.scheduler.step_model import step_features  # noqa: E402
 from vllm.v1.core.sched import async_scheduler as async_mod  # noqa: E402
 from vllm.v1.core.sched import scheduler as sched_mod  # noqa: E402
-from vllm.v1.core.sched.dcu_tpot_budget import (  # noqa: E402
-    SCHEDULER_PRESETS,
-    StepTimeModel,
-    TpotBudget,
-    apply_scheduler_preset,
-    step_features,
-)
 
 
 # ------------------------------------------------------------------------------------- unpatched reference
@@ -79,16 +66,16 @@ def unpatched():
     return _unpatched_classes()
 
 
-# The driver (a real scheduler on a simulated clock with a synthetic device) lives in bench/sched_sim.py, whose
-# command line runs serving scenarios with it.
-from bench.sched_sim import (  # noqa: E402
+# The driver (a real scheduler on a simulated clock with a synthetic device) lives in bench/sched_sim_engine.py;
+# bench/sched_sim.py's command line runs serving scenarios with it.
+from bench.sched_sim_engine import (  # noqa: E402
     Sim,
     SyntheticDevice,
     pct,
     trace_of,
     workload,
 )
-from bench.sched_sim import make_scheduler as _make_scheduler  # noqa: E402
+from bench.sched_sim_engine import make_scheduler as _make_scheduler  # noqa: E402
 
 
 def make_scheduler(**kw):
@@ -376,27 +363,6 @@ def test_never_exceeds_max_num_batched_tokens(async_sched):
     assert all(s["total"] <= 1024 for s in sim.steps)
 
 
-def test_step_time_model_recovers_a_linear_device_and_shrugs_off_an_outlier():
-    rng = random.Random(0)
-    truth = [6.0, 3.0, 1.5, 9.0, 4.0, 7.0]  # ms per unit of each scaled feature (the last: step has prefill)
-    model = StepTimeModel()
-    xs = []
-    for i in range(200):
-        prefill = rng.random() < 0.5
-        x = step_features(rng.randint(1, 8192), rng.randint(1, 128), rng.randint(0, 3 << 20),
-                          rng.randint(1, 1 << 27) if prefill else 0)
-        assert x[-1] == (1.0 if prefill else 0.0)
-        xs.append(x)
-        model.observe(x, float(sum(c * v for c, v in zip(truth, x))) + rng.gauss(0, 0.1), outlier_ms=10.0)
-    probe = xs[-1]
-    want = float(sum(c * v for c, v in zip(truth, probe)))
-    assert model.predict(probe) == pytest.approx(want, rel=0.02)
-    assert model.coef[5] == pytest.approx(7.0, abs=0.5)
-    model.observe(probe, 50 * want, outlier_ms=10.0)  # one stalled step
-    assert model.predict(probe) == pytest.approx(want, rel=0.1)
-    assert all(c >= 0 for c in model.coef[1:])
-
-
 def test_budget_learns_the_fixed_cost_of_a_step_with_prefill():
     """Decode-only batches replay full CUDA graphs; a batch with prefill runs piecewise or eager and pays a fixed
     launch cost. The model keeps that cost apart from the per-token slope, so caps are not needlessly small."""
@@ -445,7 +411,8 @@ def test_on_the_dcu64_16_32k_simulation_the_gate_is_neutral_at_light_load_and_cu
     the served runs): at 0.15 req/s nothing is oversubscribed and the schedule is upstream's; at 0.6 req/s upstream
     preempts and recomputes prompts, and the gated cap lowers TPOT P99 by far more than 20% without losing
     throughput (the issue's load target)."""
-    from bench.sched_sim import poisson_items, run_one
+    from bench.sched_sim import poisson_items
+    from bench.sched_sim_engine import run_one
 
     items = poisson_items("dcu64-16-32K", rate, 12, 0)
     off = run_one("dcu64-16-32K", items, None, 0)
@@ -497,7 +464,7 @@ def test_kv_oversubscribed_counts_the_blocks_each_request_still_needs():
                             max_batched=2048, target=30.0)
     budget = sched.tpot_budget
     assert budget.cap_when == "kv-pressure"
-    from bench.sched_sim import make_request
+    from bench.sched_sim_engine import make_request
     a, b = make_request("a", 5000, 250, 784), make_request("b", 3000, 100, 784)
     sched.add_request(a)
     sched.schedule()  # a: 2048 prompt tokens -> 3 attention blocks and its state blocks
@@ -560,11 +527,11 @@ def test_unknown_preset_is_rejected_naming_the_supported_ones():
         apply_scheduler_preset(_engine_args(scheduler_preset="huge"))
 
 
-def test_presets_are_valid_scheduler_configs():
-    for name, p in SCHEDULER_PRESETS.items():
-        cfg = SchedulerConfig.default_factory(max_num_seqs=p.max_num_seqs, max_num_batched_tokens=p.max_num_batched_tokens,
-                                              scheduler_tpot_target_ms=p.tpot_target_ms, max_model_len=40960)
-        assert cfg.scheduler_tpot_target_ms == p.tpot_target_ms, name
+def test_presets_pass_the_scheduler_configs_own_validation():
+    """Upstream's SchedulerConfig checks (plus the patch's) accept every preset at the contest's context length."""
+    for p in SCHEDULER_PRESETS.values():
+        SchedulerConfig.default_factory(max_num_seqs=p.max_num_seqs, max_num_batched_tokens=p.max_num_batched_tokens,
+                                        scheduler_tpot_target_ms=p.tpot_target_ms, max_model_len=32768)
 
 
 def _cli(argv, monkeypatch):
@@ -577,11 +544,16 @@ def _cli(argv, monkeypatch):
     return EngineArgs.from_cli_args(parser.parse_args(argv))
 
 
-def test_cli_flags_reach_the_scheduler_config(monkeypatch):
+def test_cli_flags_are_registered_with_their_types(monkeypatch):
+    """vLLM's own parser knows the flags and converts their values (a number, a count, a preset name). That
+    EngineArgs hands them to the engine's SchedulerConfig needs a platform: tests/gpu/test_scheduler_dcu_gpu.py
+    checks it on the real engine."""
     args = _cli(["--model", str(DATA / "llama-tiny"), "--scheduler-tpot-target-ms", "45.5",
                  "--scheduler-min-prefill-tokens", "512", "--scheduler-preset", "8k-16k"], monkeypatch)
-    assert (args.scheduler_tpot_target_ms, args.scheduler_min_prefill_tokens, args.scheduler_preset) == (
-        45.5, 512, "8k-16k")
+    got = (args.scheduler_tpot_target_ms, args.scheduler_min_prefill_tokens, args.scheduler_preset)
+    assert got == (45.5, 512, "8k-16k") and isinstance(got[0], float) and isinstance(got[1], int)
+    with pytest.raises(SystemExit):
+        _cli(["--scheduler-min-prefill-tokens", "many"], monkeypatch)
 
 
 def test_cap_when_option_reaches_the_budget_and_rejects_unknown_values(monkeypatch, capsys):

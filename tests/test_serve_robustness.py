@@ -1,4 +1,4 @@
-"""The serving robustness benchmark (bench/serve_robustness.py), its malformed-request catalogue
+"""The serving robustness benchmark (python -m bench.serve_robustness), its malformed-request catalogue
 (bench/bad_requests.py) and the GPU test of issue #20 (tests/gpu/test_serve_token_ids.py), on the CPU.
 
 - The catalogue against vLLM's real OpenAI app (patched tree, official flags, engine replaced:
@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import bad_requests, profiles
+from bench import bad_requests, profiles, serve_harness
+from bench import robust_requests as rq
+from bench import robust_server as rs
 from bench import serve_robustness as sr
-from bench.serve_bench import BenchError
+from bench.serve_config import BenchError
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_HARNESS = REPO / "tests" / "data" / "fake_robust" / "harness.py"
@@ -111,13 +113,13 @@ def test_the_benchmarks_client_and_tally_against_vllms_app_over_a_socket(vllm_tr
 
     model = write_model(tmp_path / "m", QWEN_VOCAB, QWEN_VOCAB)
     with openai_server(model, tokenizer=True) as (port, engine):
-        client = sr.HttpClient("127.0.0.1", port, timeout_s=60)
-        assert sr.warmup(client, SERVED, 4, prompt_len=16)["ok"] == 4
-        mixes = [sr.RequestMix(model=SERVED, vocab=V, max_model_len=4096, prompt_range=(8, 40),
+        client = rq.HttpClient("127.0.0.1", port, timeout_s=60)
+        assert rs.warmup(client, SERVED, 4, prompt_len=16)["ok"] == 4
+        mixes = [rq.RequestMix(model=SERVED, vocab=V, max_model_len=4096, prompt_range=(8, 40),
                                output_range=(4, 12), tokenizer=True, seed=i, start=i * 7) for i in range(4)]
-        tally = sr.Tally()
-        out = sr.Load(client, mixes, tally, kv_tokens=100).run(6.0, 20.0)
-        assert sr.probe(client, SERVED).status == 200
+        tally = rq.Tally()
+        out = rs.Load(client, mixes, tally, kv_tokens=100).run(6.0, 20.0)
+        assert rs.probe(client, SERVED).status == 200
     s = tally.summary()
     assert s["unexpected"] == 0 and s["http_5xx"] == 0 and s["timeouts"] == 0 and s["transport_errors"] == 0, s
     assert out["unfinished_at_drain"] == 0 and out["demand_ratio_mean"] > 0
@@ -183,7 +185,7 @@ def test_the_benchmarks_server_command_parses_with_vllms_own_parser(monkeypatch,
     spec.loader.exec_module(harness)
     a = sr.build_parser().parse_args(["--layers", "8"])
     sr.check_args(a)
-    flags = sr.harness_serve_args(harness, "decode-graph", sr.CAPTURE_SIZES)
+    flags = serve_harness.harness_serve_args(harness, "decode-graph", sr.CAPTURE_SIZES)
     for name, spec_ in sr.CONFIGS.items():
         cmd = sr.server_cmd(a, "/models/q35", 8125, flags, spec_.flags)
         ns = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[4:])
@@ -200,7 +202,7 @@ def _mix(**kw):
     base = dict(model="m", vocab=V, max_model_len=8192, prompt_range=(100, 300), output_range=(8, 32),
                 tokenizer=True, seed=3)
     base.update(kw)
-    return sr.RequestMix(**base)
+    return rq.RequestMix(**base)
 
 
 def test_request_mix_is_deterministic_in_range_and_covers_every_malformed_kind():
@@ -237,39 +239,39 @@ def test_request_mix_without_tokenizer_sends_no_chat_and_refuses_contexts_that_d
 def test_concurrency_reaches_the_overload_within_the_cap():
     m = _mix(prompt_range=(2048, 6144), output_range=(32, 160))
     assert m.kv_share() == pytest.approx(0.9) and m.mean_demand() == 4192
-    n = sr.concurrency_for(116424, m, 2.2, 192)
+    n = rq.concurrency_for(116424, m, 2.2, 192)
     assert n == 68 and n * m.kv_share() * m.mean_demand() >= 2.2 * 116424
-    assert sr.concurrency_for(10 ** 7, m, 2.2, 192) == 192 and sr.concurrency_for(10, m, 2.2, 192) == 4
+    assert rq.concurrency_for(10 ** 7, m, 2.2, 192) == 192 and rq.concurrency_for(10, m, 2.2, 192) == 4
 
 
 def _req(kind="completion", **kw):
-    return sr.Req(kind, "/v1/completions", b"{}", **kw)
+    return rq.Req(kind, "/v1/completions", b"{}", **kw)
 
 
 def test_tally_classifies_every_kind_of_answer():
-    t = sr.Tally()
+    t = rq.Tally()
     case = next(c for c in bad_requests.catalogue("m", V, 4096) if c.kind == "prompt-id")
     scase = next(c for c in bad_requests.catalogue("m", V, 4096) if c.stream)
     ok_err = {"error": {"code": 400, "param": case.expect_param, "message": case.expect_text}}
-    assert t.add(_req(max_tokens=5), sr.Outcome(200, {"usage": {"completion_tokens": 5}})) == "completed"
-    assert t.add(_req(max_tokens=5), sr.Outcome(200, {"usage": {"completion_tokens": 4}})) == "unexpected"
-    assert t.add(_req(max_tokens=5), sr.Outcome(400, {"error": {"code": 400}})) == "unexpected"
-    assert t.add(sr.Req(case.kind, case.path, b"", case=case), sr.Outcome(400, ok_err)) == "rejected"
+    assert t.add(_req(max_tokens=5), rq.Outcome(200, {"usage": {"completion_tokens": 5}})) == "completed"
+    assert t.add(_req(max_tokens=5), rq.Outcome(200, {"usage": {"completion_tokens": 4}})) == "unexpected"
+    assert t.add(_req(max_tokens=5), rq.Outcome(400, {"error": {"code": 400}})) == "unexpected"
+    assert t.add(rq.Req(case.kind, case.path, b"", case=case), rq.Outcome(400, ok_err)) == "rejected"
     wrong_param = {"error": {"code": 400, "param": "seed", "message": case.expect_text}}
-    assert t.add(sr.Req(case.kind, case.path, b"", case=case), sr.Outcome(400, wrong_param)) == "unexpected"
-    assert t.add(sr.Req(case.kind, case.path, b"", case=case), sr.Outcome(500, {"error": {"code": 500}})) == "5xx"
+    assert t.add(rq.Req(case.kind, case.path, b"", case=case), rq.Outcome(400, wrong_param)) == "unexpected"
+    assert t.add(rq.Req(case.kind, case.path, b"", case=case), rq.Outcome(500, {"error": {"code": 500}})) == "5xx"
     sev = {"error": {"code": 400, "param": scase.expect_param, "message": scase.expect_text}}
-    assert t.add(sr.Req(scase.kind, scase.path, b"", stream=True, case=scase),
-                 sr.Outcome(200, sev, [sev, "[DONE]"])) == "rejected"
+    assert t.add(rq.Req(scase.kind, scase.path, b"", stream=True, case=scase),
+                 rq.Outcome(200, sev, [sev, "[DONE]"])) == "rejected"
     done = [{"choices": [{"text": "w"}], "usage": None}, {"choices": [], "usage": {"completion_tokens": 2}}, "[DONE]"]
-    assert t.add(_req("stream", stream=True, max_tokens=2), sr.Outcome(200, done[0], done)) == "completed"
-    assert t.add(_req("stream", stream=True, max_tokens=2), sr.Outcome(200, done[0], done[:2])) == "unexpected"
+    assert t.add(_req("stream", stream=True, max_tokens=2), rq.Outcome(200, done[0], done)) == "completed"
+    assert t.add(_req("stream", stream=True, max_tokens=2), rq.Outcome(200, done[0], done[:2])) == "unexpected"
     err500 = {"error": {"code": 500, "message": "EngineDeadError"}}
-    assert t.add(_req("stream", stream=True, max_tokens=2), sr.Outcome(200, err500, [err500, "[DONE]"])) == "5xx"
+    assert t.add(_req("stream", stream=True, max_tokens=2), rq.Outcome(200, err500, [err500, "[DONE]"])) == "5xx"
     assert t.add(_req("disconnect", stream=True, disconnect_after=2),
-                 sr.Outcome(200, done[0], done[:2], closed_by_client=True)) == "disconnect"
-    assert t.add(_req(), sr.Outcome(None, error="timeout: x", timeout=True)) == "timeout"
-    assert t.add(_req(), sr.Outcome(None, error="ConnectionRefusedError: y")) == "transport"
+                 rq.Outcome(200, done[0], done[:2], closed_by_client=True)) == "disconnect"
+    assert t.add(_req(), rq.Outcome(None, error="timeout: x", timeout=True)) == "timeout"
+    assert t.add(_req(), rq.Outcome(None, error="ConnectionRefusedError: y")) == "transport"
     s = t.summary()
     assert (s["sent"], s["completed"], s["rejected_4xx"], s["unexpected"], s["http_5xx"]) == (13, 2, 2, 4, 2)
     assert (s["disconnects"], s["timeouts"], s["transport_errors"]) == (1, 1, 1)
@@ -287,10 +289,10 @@ vllm:num_preemptions_total{engine="0",model_name="Qwen3.5-27B"} 12.0
 vllm:request_success_total{engine="0",finished_reason="length",model_name="Qwen3.5-27B"} 40.0
 vllm:request_success_total{engine="0",finished_reason="abort",model_name="Qwen3.5-27B"} 5.0
 """
-    m = sr.parse_metrics(text)
-    assert sr.metric(m, "vllm:kv_cache_usage_perc", "max") == 0.25 and sr.metric(m, "nope") is None
-    assert sr.by_label(m, "vllm:request_success_total", "finished_reason") == {"length": 40.0, "abort": 5.0}
-    assert sr.metric(m, "vllm:num_preemptions_total") == 12.0
+    m = rs.parse_metrics(text)
+    assert rs.metric(m, "vllm:kv_cache_usage_perc", "max") == 0.25 and rs.metric(m, "nope") is None
+    assert rs.by_label(m, "vllm:request_success_total", "finished_reason") == {"length": 40.0, "abort": 5.0}
+    assert rs.metric(m, "vllm:num_preemptions_total") == 12.0
 
 
 def _record(**over):
@@ -331,7 +333,7 @@ def drive(*args, tmp_path, variant="full", kv_tokens=700, env_extra=None, timeou
     env = dict(os.environ, VLLM_DCU_BENCH_HARNESS=str(FAKE_HARNESS), FAKE_KV_TOKENS=str(kv_tokens))
     env.pop("OUT", None)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "bench/serve_robustness.py", "--variant", variant, "--gpu", "test",
+    return subprocess.run([sys.executable, "-m", "bench.serve_robustness", "--variant", variant, "--gpu", "test",
                            "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--max-model-len", "2048",
                            "--prompt-tokens", "50-200", "--output-tokens", "20-40", "--max-concurrency", "16",
                            "--warmup-requests", "8", "--load-s", "5", "--drain-timeout-s", "10", *args],
@@ -348,7 +350,7 @@ def test_driver_passes_a_server_that_behaves_and_writes_both_files(tmp_path):
     p = drive("--configs", "bf16,int8", tmp_path=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     doc, md = _results(tmp_path)
-    assert doc["command"].startswith("python bench/serve_robustness.py --variant full") and doc["pass"]
+    assert doc["command"].startswith("python -m bench.serve_robustness --variant full") and doc["pass"]
     assert md.splitlines()[2] == f"Command: `{doc['command']}`"
     assert [r["config"] for r in doc["configs"]] == ["bf16", "int8"]
     for r in doc["configs"]:
@@ -416,7 +418,7 @@ def test_bad_arguments_fail_with_one_clear_line(tmp_path, args, message):
     env = dict(os.environ, VLLM_DCU_BENCH_HARNESS=str(FAKE_HARNESS))
     base = ["--gpu", "test", "--out", str(tmp_path / "o"), "--max-model-len", "2048", "--prompt-tokens", "50-200",
             "--dry-run"]
-    p = subprocess.run([sys.executable, "bench/serve_robustness.py", *base, *args], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "bench.serve_robustness", *base, *args], capture_output=True, text=True,
                        cwd=REPO, env=env, timeout=60)
     assert p.returncode == 2, p.stdout + p.stderr
     err = p.stderr.strip().splitlines()
@@ -426,7 +428,7 @@ def test_bad_arguments_fail_with_one_clear_line(tmp_path, args, message):
 
 def test_dry_run_prints_one_server_command_per_configuration(tmp_path):
     env = dict(os.environ, VLLM_DCU_BENCH_HARNESS=str(FAKE_HARNESS))
-    p = subprocess.run([sys.executable, "bench/serve_robustness.py", "--dry-run", "--configs", "bf16,int8-t30",
+    p = subprocess.run([sys.executable, "-m", "bench.serve_robustness", "--dry-run", "--configs", "bf16,int8-t30",
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
     lines = [x for x in p.stdout.splitlines() if x.startswith("server ")]

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Make the GPU-box bundle from built vLLM wheels (runs on the CPU machine).
 
-    python ci/gpu/bundle.py --wheel dist/A.whl [dist/B.whl ...] [--name N ...] [--out .bundle]
+    python -m ci.gpu.bundle --wheel dist/A.whl [dist/B.whl ...] [--name N ...] [--out .bundle]
+
+(from the repository root, which is the import root: the bundle hashes files with the build tool's helper)
 
 The H200 test box has torch 2.11 + CUDA 13, no network, and takes at most 64 MiB per run, so the wheels'
 compiled extensions cannot run there. The bundle carries what can:
@@ -35,11 +37,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from tools.dcubuild.common import sha256_file as sha256  # one file hash for the build and the bundle
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DEFAULT_DEPS = HERE / "dependency-wheels.txt"
-sys.path.insert(0, str(REPO / "tools"))
-from vllm_dcu_build import sha256_file as sha256  # noqa: E402  (one file hash for the build and the bundle)
 DEFAULT_CACHE = Path(os.environ.get("VLLM_DCU_WHEEL_CACHE",
                                     Path.home() / ".cache" / "vllm-dcu" / "gpu-wheels"))
 MAX_MIB = 60.0

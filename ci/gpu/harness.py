@@ -6,7 +6,8 @@
     bash ci/gpu/run.sh list                     the bundle's variants (the default one marked)
     VARIANT=<name> selects the variant (default: the last one in the bundle).
 
-Installs the dependency wheels into /tmp/site once and unpacks each variant into /tmp/variants/<name>/
+Installs the dependency wheels into <tmp>/site once and unpacks each variant into <tmp>/variants/<name>/
+(<tmp>: the system's temporary folder, tempfile.gettempdir(); VLLM_DCU_SITE / VLLM_DCU_VARIANTS override them)
 with the compiled-op stand-ins applied (vllm/_C.py, vllm/vllm_flash_attn/__init__.py); a stamp file per
 folder makes a second run in the same machine skip both.
 
@@ -34,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-# Things on the box that need compiled vLLM code, and what replaces them (also in the README section).
+# Things on the box that need compiled vLLM code, and what replaces them (also in docs/developing.md).
 UNAVAILABLE = {
     "attention backends": "FLASH_ATTN / FLASHINFER / FLASHMLA need compiled kernels: use TRITON_ATTN",
     "custom ops": "vLLM's CUDA custom ops (rms_norm, silu_and_mul, rotary, ...): custom_ops=['none'] "
@@ -62,18 +63,18 @@ def bundle_dir() -> Path:
 
 
 def site_dir() -> Path:
-    return Path(os.environ.get("VLLM_DCU_SITE", "/tmp/site"))
+    return Path(os.environ.get("VLLM_DCU_SITE", Path(tempfile.gettempdir()) / "site"))
 
 
 def variants_root() -> Path:
-    return Path(os.environ.get("VLLM_DCU_VARIANTS", "/tmp/variants"))
+    return Path(os.environ.get("VLLM_DCU_VARIANTS", Path(tempfile.gettempdir()) / "variants"))
 
 
 def manifest(bundle: Path | None = None) -> dict:
     path = (bundle or bundle_dir()) / "manifest.json"
     if not path.is_file():
         raise HarnessError(f"no bundle at {path.parent} (make one on the CPU machine: "
-                           f"python ci/gpu/bundle.py --wheel dist/<wheel>.whl, and carry .bundle)")
+                           f"python -m ci.gpu.bundle --wheel dist/<wheel>.whl, and carry .bundle)")
     return json.loads(path.read_text())
 
 

@@ -7,16 +7,18 @@ can: on a 2-GPU box, two one-GPU jobs at once. The plan is a text file, one job 
     # GPUS  NAME          COMMAND (bash)
     0,1     prepare       bash ci/gpu/run.sh prepare
     0       kv-tests      VARIANT=full bash ci/gpu/run.sh pytest tests/gpu/test_kv_quant_gpu.py -rA
-    1       contest       bash ci/gpu/run.sh python bench/serve_bench.py --variants base,full --deadline-s $LEFT_S
+    1       contest       bash ci/gpu/run.sh python -m bench.serve_bench --variants base,full --deadline-s $LEFT_S
 
 Jobs of one GPU run in file order; GPUs run side by side. A job on several GPUs ("0,1") waits until those
 lanes are idle and holds them while it runs. Each job gets CUDA_VISIBLE_DEVICES, OUT=<res>/<name> (results
-folders never collide), BENCH_WORK=/tmp/jobs-work/<name>, and LEFT_S (seconds to the deadline, minus a margin
+folders never collide), BENCH_WORK=<work>/<name>, and LEFT_S (seconds to the deadline, minus a margin
 for packing, when it starts); it is stopped (its process group killed) at the deadline, and a job whose lane
 reaches it with under 20 s left is skipped. Logs: <res>/<name>.log. At the end the results folder is packed
 into $OUT/results.tgz, the summary is written to $OUT/summary.md and printed last.
 
-    python ci/gpu/jobs.py PLAN [--deadline-s 560] [--res /tmp/jobs-res] [--dry-run]
+    python ci/gpu/jobs.py PLAN [--deadline-s 560] [--res DIR] [--work DIR] [--dry-run]
+
+--res and --work default to jobs-res/ and jobs-work/ in the system's temporary folder (tempfile.gettempdir()).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 MIN_START_S = 20.0
 PACK_MARGIN_S = 15.0
+TMP = Path(tempfile.gettempdir())
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -92,8 +96,8 @@ def lane_order(jobs: list[Job]) -> dict[int, list[Job]]:
 
 
 class Runner:
-    def __init__(self, jobs: list[Job], res: Path, deadline: float, log=print):
-        self.jobs, self.res, self.deadline, self.log = jobs, res, deadline, log
+    def __init__(self, jobs: list[Job], res: Path, deadline: float, log=print, work: Path = TMP / "jobs-work"):
+        self.jobs, self.res, self.deadline, self.log, self.work = jobs, res, deadline, log, work
         self.lanes = lane_order(jobs)
         self.t0 = time.monotonic()
         # (job, GPU) -> set when that GPU's lane reaches a multi-GPU job it does not lead
@@ -114,7 +118,7 @@ class Runner:
             return
         out = self.res / job.name
         out.mkdir(parents=True, exist_ok=True)
-        work = Path("/tmp/jobs-work") / job.name
+        work = self.work / job.name
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, job.gpus)), OUT=str(out),
                    BENCH_WORK=str(work), LEFT_S=str(int(max(0.0, left - PACK_MARGIN_S))))
         self._stamp(f"start {job.name} on GPU {','.join(map(str, job.gpus))}: {job.command}")
@@ -185,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("plan")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="seconds from now until every job is stopped")
-    ap.add_argument("--res", default="/tmp/jobs-res", help="results folder (emptied first)")
+    ap.add_argument("--res", default=str(TMP / "jobs-res"), help="results folder (emptied first; default %(default)s)")
+    ap.add_argument("--work", default=str(TMP / "jobs-work"),
+                    help="scratch folders, one per job, given to it as BENCH_WORK (default %(default)s)")
     ap.add_argument("--dry-run", action="store_true", help="print the lanes, run nothing")
     a = ap.parse_args(argv)
     try:
@@ -204,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(res)
     res.mkdir(parents=True)
     t0 = time.monotonic()
-    runner = Runner(jobs, res, t0 + a.deadline_s - PACK_MARGIN_S)
+    runner = Runner(jobs, res, t0 + a.deadline_s - PACK_MARGIN_S, work=Path(a.work))
     runner.run()
     md = summary_md(jobs, a.plan, time.monotonic() - t0)
     (res / "summary.md").write_text(md)

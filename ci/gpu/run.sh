@@ -6,7 +6,8 @@
 #   bash ci/gpu/run.sh list                    the bundle's variants; * marks the one a target uses
 #   VARIANT=<name> bash ci/gpu/run.sh ...      pick a variant (default: the last one bundled)
 #
-# Dependency wheels go to /tmp/site and variants to /tmp/variants/<name>/ (stand-ins applied), once per
+# Dependency wheels go to <tmp>/site and variants to <tmp>/variants/<name>/ (stand-ins applied; <tmp> is
+# Python's tempfile.gettempdir(): $TMPDIR, else /tmp), once per
 # machine. BUNDLE=<dir> uses another bundle folder than .bundle. Run from the repository root.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -2,11 +2,14 @@
 
 Layout contract: docs/kv-cache-layout.md. Public names:
 
-* ``layout.split_kv_cache`` and the page-size helpers;
+* ``layout.KV_QUANT_DTYPES`` (the cache dtype names, the one list every patch and module reads),
+  ``layout.split_kv_cache`` and the page-size helpers;
 * ``cache_write.reshape_and_cache_per_token_head`` (Triton launcher);
 * ``reference`` (torch, for tests and benchmarks).
+
+The Triton launcher is imported on first use: vLLM's config and dtype tables import ``layout`` at import time
+(patch 0002), and that must not load Triton kernels.
 """
-from .cache_write import reshape_and_cache_per_token_head
 from .layout import (
     KV_QUANT_DTYPES,
     SCALE_BYTES,
@@ -25,3 +28,12 @@ __all__ = [
     "reshape_and_cache_per_token_head",
     "split_kv_cache",
 ]
+
+
+def __getattr__(name: str):
+    if name == "reshape_and_cache_per_token_head":
+        from .cache_write import reshape_and_cache_per_token_head
+
+        globals()[name] = reshape_and_cache_per_token_head
+        return reshape_and_cache_per_token_head
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,9 @@ import torch
 # bytes of one (token, head) scale (float32)
 SCALE_BYTES = 4
 
-# cache dtype name -> quantization kind used by the kernels
+# cache dtype name -> quantization kind used by the kernels. The one list of these names: patch 0002's
+# CacheDType, dtype table, TRITON_ATTN's supported dtypes and every check in vLLM read it (importing this module
+# loads torch only).
 KV_QUANT_DTYPES = {
     "fp8_per_token_head": "fp8",
     "int8_per_token_head": "int8",

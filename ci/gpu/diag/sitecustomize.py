@@ -1,7 +1,7 @@
 """Diagnostic for GPU runs: log every Triton JIT compile (kernel, seconds, process) to stderr.
 
 Use: put this folder first on PYTHONPATH of the process to watch (child processes inherit it), e.g.
-    PYTHONPATH=$PWD/ci/gpu/diag bash ci/gpu/run.sh python bench/serve_bench.py ...
+    PYTHONPATH=$PWD/ci/gpu/diag bash ci/gpu/run.sh python -m bench.serve_bench ...
 Each compile prints one line `triton-compile pid=P t=UNIX_TIME s=SECONDS kernel=NAME constexprs=...`, so a stall in
 a server log can be matched with the compiles that happened then. Loaded by Python's site module; does nothing
 when Triton is not installed.
