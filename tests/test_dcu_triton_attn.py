@@ -32,7 +32,8 @@ def fake_vllm_config(max_num_seqs=8, capture_sizes=(1, 2, 4), cache_dtype="auto"
     from vllm.config import CUDAGraphMode
 
     model = types.SimpleNamespace(
-        get_num_attention_heads=lambda pc: HQ, get_num_kv_heads=lambda pc: HKV, get_head_size=lambda: D)
+        get_num_attention_heads=lambda pc: HQ, get_num_kv_heads=lambda pc: HKV, get_head_size=lambda: D,
+        dtype=torch.bfloat16)  # 0006 warms its prefill kernel for the model dtype when the builder is made
     return types.SimpleNamespace(
         model_config=model,
         parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),
