@@ -36,8 +36,13 @@ DEFAULT_CONFIGS = ["bf16=full:DCU_TRITON_ATTN:auto", "int8=full:DCU_TRITON_ATTN:
 
 
 def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
+    """A repository file as a module, registered in sys.modules (dataclasses look their module up there)."""
+    key = f"vllm_dcu_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[key] = mod
     spec.loader.exec_module(mod)
     return mod
 

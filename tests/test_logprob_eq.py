@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,9 @@ import torch
 from bench import equiv_sim, kv_drift
 from bench import logprob_eq as leq
 from ci.gpu import scaled_weights as sw
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+from fake_logprob_llm import FakeLLM  # noqa: E402
 
 # --- scaled dummy weights ------------------------------------------------------------------------------------
 
@@ -450,57 +455,17 @@ def test_sampling_params_ask_for_every_logprob_and_pass_vllms_validation(vllm_tr
         sp._validate_logprobs(types.SimpleNamespace(max_logprobs=20, get_vocab_size=lambda: 248320))
 
 
-class _FakeLLM:
-    """vllm.LLM as the worker uses it: greedy outputs with logprobs in vLLM's own containers, from logits that
-    depend only on the token ids so far (two 'engines' agree exactly)."""
-
-    VOCAB = 4096
-    made: list = []
-
-    def __init__(self, **kw):
-        self.kw = kw
-        self.llm_engine = types.SimpleNamespace(vllm_config=types.SimpleNamespace(
-            model_config=types.SimpleNamespace(get_vocab_size=lambda: self.VOCAB)))
-        _FakeLLM.made.append(self)
-
-    def _lp(self, ids):
-        logits = np.random.default_rng(sum(ids) * 7919 + len(ids)).normal(0, 3, self.VOCAB)
-        return logits - np.log(np.exp(logits).sum())
-
-    def generate(self, prompts, sp, use_tqdm=False):
-        from vllm.logprobs import append_logprobs_for_next_position, create_prompt_logprobs, create_sample_logprobs
-
-        ids = list(prompts[0]["prompt_token_ids"])
-        plp = create_prompt_logprobs(sp.flat_logprobs) if sp.prompt_logprobs is not None else None
-        for i in range(1, len(ids)):
-            if plp is not None:
-                lp = self._lp(ids[:i])
-                append_logprobs_for_next_position(plp, [ids[i]], [float(lp[ids[i]])], iter([None]), 1, 0)
-        slp, toks = create_sample_logprobs(sp.flat_logprobs), []
-        ctx = list(ids)
-        for _ in range(sp.max_tokens):
-            lp = self._lp(ctx)
-            tok = int(lp.argmax())
-            order = np.argsort(-lp)
-            append_logprobs_for_next_position(slp, [tok] + order.tolist(), [float(lp[tok])] + lp[order].tolist(),
-                                              iter(lambda: None, 1), 1, -1)
-            toks.append(tok)
-            ctx.append(tok)
-        out = types.SimpleNamespace(token_ids=toks, logprobs=slp)
-        return [types.SimpleNamespace(outputs=[out], prompt_logprobs=plp)]
-
-
 def test_worker_writes_runs_that_compare_bit_identical(vllm_tree, monkeypatch, tmp_path):
     import vllm
 
-    monkeypatch.setattr(vllm, "LLM", _FakeLLM)
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
     runs = {}
     for name, backend in (("triton-bf16", "TRITON_ATTN"), ("dcu-bf16", "DCU_TRITON_ATTN")):
         cfg = leq.make_config(name, backend, "auto", work=tmp_path, layers=8, lengths=[40, 25], steps=3,
                               probe=name == "dcu-bf16")
         leq.worker(json.loads(json.dumps(cfg)))  # as it arrives on the command line
         runs[name] = leq.load_run(cfg["out_dir"])
-    kw = _FakeLLM.made[-1].kw
+    kw = FakeLLM.made[-1].kw
     assert kw["load_format"] == sw.LOAD_FORMAT and kw["attention_backend"] == "DCU_TRITON_ATTN"
     run = runs["dcu-bf16"]
     assert run["meta"]["lengths"].keys() == {"25", "40"} and run["meta"]["vocab"] == 4096
@@ -509,3 +474,95 @@ def test_worker_writes_runs_that_compare_bit_identical(vllm_tree, monkeypatch, t
     metrics = leq.compare(runs["triton-bf16"], run)
     assert all(m["bit_identical"] and m["steps_compared"] == 4 for m in metrics.values())
     assert leq.check(metrics, leq.tolerances_for(runs["triton-bf16"]["meta"], run["meta"], metrics)) == []
+
+
+# --- tests/gpu/test_engine_equivalence.py's logic, on fake engines ---------------------------------------------
+
+
+class _NoisyLLM(FakeLLM):
+    """A fake engine whose DCU_TRITON_ATTN runs are off by more than rounding (a broken attention)."""
+
+    def _lp(self, ids):
+        lp = super()._lp(ids)
+        if self.kw["attention_backend"] == "DCU_TRITON_ATTN" and self.kw["kv_cache_dtype"] == "auto":
+            noisy = lp + np.random.default_rng(len(ids)).normal(0, 0.3, lp.shape)
+            return noisy - np.log(np.exp(noisy).sum())
+        return lp
+
+
+def _gpu_test(monkeypatch, tmp_path, llm_cls):
+    """The GPU test module with short prompts and an engine_run that runs the worker in-process on llm_cls."""
+    import importlib.util
+
+    import vllm
+
+    spec = importlib.util.spec_from_file_location("engine_eq_gpu", leq.REPO / "tests" / "gpu" /
+                                                  "test_engine_equivalence.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "LENGTHS", (40, 64))
+    monkeypatch.setattr(mod, "STEPS", 3)
+    monkeypatch.setattr(vllm, "LLM", llm_cls)
+    done = {}
+
+    def engine_run(name):
+        if name not in done:
+            backend, kv = mod.CONFIGS[name]
+            cfg = leq.make_config(name, backend, kv, work=tmp_path, layers=mod.LAYERS, lengths=mod.LENGTHS,
+                                  steps=mod.STEPS, probe=name == "dcu-bf16")
+            leq.worker(json.loads(json.dumps(cfg)))
+            done[name] = leq.load_run(cfg["out_dir"])
+        return done[name]
+
+    return mod, engine_run
+
+
+def test_gpu_equivalence_tests_pass_on_agreeing_engines_and_record_their_numbers(vllm_tree, monkeypatch, tmp_path):
+    mod, engine_run = _gpu_test(monkeypatch, tmp_path, FakeLLM)
+    recorded = {}
+    mod.test_outputs_depend_on_far_context_through_attention(engine_run, recorded.update)
+    assert 2.5 < recorded["first_token_logprob_std"] < 3.5 and recorded["probe_kl"] > 0.1
+    mod.test_dcu_triton_attn_matches_triton_attn_with_bf16_kv(engine_run, recorded.update)
+    assert recorded["bit_identical"] == {40: True, 64: True} and recorded["steps_compared"] == {40: 4, 64: 4}
+    for kv in ("int8", "fp8"):
+        mod.test_8bit_kv_matches_bf16_kv_on_dcu_triton_attn(engine_run, recorded.update, kv)
+    assert recorded["worst_step_max_abs_of_limit"] == 0.0
+
+
+def test_gpu_equivalence_test_fails_on_a_broken_backend_with_the_limits_in_the_message(vllm_tree, monkeypatch,
+                                                                                         tmp_path):
+    mod, engine_run = _gpu_test(monkeypatch, tmp_path, _NoisyLLM)
+    with pytest.raises(AssertionError, match=r"(?s)length 40: step max \|d logprob\| .* > limit .*bf16-kernels: eps"):
+        mod.test_dcu_triton_attn_matches_triton_attn_with_bf16_kv(engine_run, lambda **kw: None)
+
+
+@pytest.mark.slow
+def test_kv_drift_runs_its_configurations_and_writes_the_report(vllm_tree, monkeypatch, tmp_path):
+    # bench/kv_drift.py end to end with a stand-in harness: each configuration's worker is a real process whose
+    # vllm.LLM is the fake engine (a sitecustomize on its PYTHONPATH installs it)
+    import os
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(leq.REPO / 'tests' / 'data')!r})\n"
+        "import fake_logprob_llm\nfake_logprob_llm.install()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    harness = types.SimpleNamespace(HarnessError=type("HarnessError", (Exception,), {}), variants=lambda: ["full"],
+                                    variant_env=lambda name, inprocess=True: dict(env))
+    monkeypatch.setitem(sys.modules, "vllm_dcu_harness", harness)
+    out = tmp_path / "out"
+    args = ["--layers", "8", "--lengths", "40,64", "--steps", "2", "--work", str(tmp_path / "work"), "--out", str(out)]
+    assert kv_drift.main(args) == 0
+    (md,) = out.glob("*-kv-drift.md")
+    text = md.read_text()
+    assert text.splitlines()[2].startswith("Command: `bash ci/gpu/run.sh python bench/kv_drift.py --layers 8")
+    for pair in ("int8 vs bf16", "fp8 vs bf16"):
+        assert f"| {pair} | 40 |" in text and f"| {pair} | 64 |" in text
+    doc = json.loads(md.with_suffix(".json").read_text())
+    assert doc["failed"] == {} and all(p["failures"] == [] for p in doc["pairs"].values())
+    # a deadline too close to start anything: every configuration skipped and recorded, exit status 1
+    assert kv_drift.main(args + ["--deadline-s", "30", "--out", str(tmp_path / "late")]) == 1
+    late = next((tmp_path / "late").glob("*.md")).read_text()
+    assert "bf16: no result (skipped:" in late and "fp8: no result (skipped:" in late
+    assert kv_drift.main(["bf16=nope:DCU_TRITON_ATTN:auto", "x=full:DCU_TRITON_ATTN:auto"]) == 2
