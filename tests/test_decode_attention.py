@@ -432,3 +432,25 @@ def test_bench_dry_run_writes_json_markdown_and_png(tmp_path, monkeypatch):
     assert kinds == {"bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth"}
     assert report["meta"]["suggested_launch_params_entry"]["kv16"]["BLOCK_N"] in (16, 32)
     assert "| int8_pth | 2 | 100 |" in next(tmp_path.glob("*.md")).read_text()
+
+
+# --- the compiled kernel (not the interpreter) ---------------------------------------------------------------
+
+@pytest.mark.slow
+def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
+    # the interpreter runs kernels as Python: a construct only the compiler refuses (a plain Python global in a
+    # kernel, a type mismatch in a loop-carried value) shows only here
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "kernels.decode_attention.compile_check", "--json"], cwd=repo,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)
+    assert len(rows) == 7 + 3
+    for r in rows:
+        assert "error" not in r, r
+        assert r["shared"] <= (227 * 1024 if r["target"] == "sm90" else 64 * 1024), r

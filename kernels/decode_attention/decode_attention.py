@@ -39,9 +39,13 @@ tests/gpu/test_decode_attention_gpu.py). Cost per tile (8-bit only; bf16 caches 
 reduction over the tile's BLOCK_N V scales, one float32 division and a few scalar ops, BLOCK_N
 multiplies for the scale ratios and BLOCK_H for the rescale; per element P takes one multiply as
 before and loses the old min(, 65504). Against the tile's BLOCK_N x head_dim code loads and two
-16 x BLOCK_N x head_dim dots this should be within noise (expected <= 2-3%, the max reduction
-crossing warps being the only new synchronisation); to be measured on the H200 with
-``python -m kernels.decode_attention.bench`` (ci/gpu/plans/equivalence.jobs).
+16 x BLOCK_N x head_dim dots this should be within noise (expected <= 2-3%). Compiled without a
+GPU (``python -m kernels.decode_attention.compile_check``, table entries): sm90 kv8 (BLOCK_N 64,
+2 stages; already at 255 registers and spilling) 3 more barriers per tile (the max reduction crosses
+warps) and spill stores 412 -> 452 B with PTX conversions (432 -> 556 B portable); gfx90a (the DCU
+proxy, BLOCK_N 32 in one wave64) no new barrier, VGPRs 256 / 223 -> 256 / 228 (int8 / fp8 software),
+spills 6 -> 5. To be measured on the H200 with ``python -m kernels.decode_attention.bench``
+(ci/gpu/plans/equivalence.jobs runs it on the kernel before and after in one call).
 Scores are not clamped: |q . k x scale| must stay within float32 (the prefill kernel saturates S
 at +-3e38 for inputs beyond that).
 Rows past the end of a sequence re-read its last token instead of being masked, so the K/V loads
@@ -61,8 +65,9 @@ _BLOCK_H = 16  # q rows per tile: smallest tl.dot M; holds GQA groups up to 16
 _MERGE_SPLITS = 64  # splits merged per step in stage 2
 _MERGE_DIM = 64  # head_dim columns per stage-2 program (more programs, fewer serial loads)
 _KV_QUANT = {None: 0, "fp8": 1, "int8": 2}
-_MIN_NORMAL_F32 = 1.1754943508222875e-38  # 8-bit caches store V scales that are 0 or normal (kv_quant reference)
-_U_FLOOR = 5.421010862427522e-20  # 2^-64: acc's V factor never drops below this times the largest V scale seen
+# constexpr: the compiler (unlike the interpreter) refuses plain Python globals inside a kernel
+_MIN_NORMAL_F32 = tl.constexpr(1.1754943508222875e-38)  # V scales are 0 or normal (kv_quant reference)
+_U_FLOOR = tl.constexpr(5.421010862427522e-20)  # 2^-64: acc's V factor never drops below this x largest V scale
 
 
 @triton.jit
