@@ -1,28 +1,29 @@
-"""CPU simulation of the engine-equivalence comparisons (issue #15) at reduced width, in float64.
+"""CPU simulation of the engine-equivalence comparisons (issue #15) at reduced width.
 
-    python bench/equiv_sim.py [--layers 4,8,16] [--seeds 3] [--tokens 384]
+    python bench/equiv_sim.py [--layers 4,8,16] [--seeds 3] [--tokens 384] [--f64]
 
 A Qwen3.5-shaped stack (Gated DeltaNet on three layers of four, gated full attention with q/k norms and GQA 6:1 on
 the fourth, SiLU MLP, pre-norm residual, final norm, lm_head) with the weights of ci/gpu/scaled_weights.py at the
 given Scales (same std rules; widths: hidden 256, vocabulary 8192, head_dim 64, 1 KV head, GDN 2 key / 6 value
 heads of 32). Partial RoPE is left out (it rotates q and k, norms unchanged). Random token ids as the prompt.
+Arithmetic in float64; by default every tensor the engine stores in bf16 is rounded to bf16 (weights, linear and
+norm outputs, the residual stream, activations, the attention output, the logits), as vLLM runs the model;
+``--f64`` leaves everything but attention exact, which isolates how an attention error propagates linearly.
 
-Each comparison runs the stack twice on the same ids with the attention computed as two engines would, every other
-operation exact:
+Each comparison runs the stack twice on the same ids with the attention computed as two engines would:
 
 * ``bf16-kernels``: two bf16-KV attention kernels (TRITON_ATTN's and DCU_TRITON_ATTN's decode): each rounds P to
-  bf16 before P.V and its output to bf16, in its own accumulation order; modelled as independent multiplicative
-  noise U(-u, u) (u = 2^-8) on every P element and every output element, per engine;
+  bf16 before P.V in its own accumulation order, modelled as independent multiplicative noise U(-u, u)
+  (u = 2^-8) on every P element per engine, and rounds its output to bf16;
 * ``int8`` / ``fp8``: K and V stored per (token, head) by kernels/kv_quant/reference.py (the cache's exact
-  quantizer) against exact K and V; P in fp16 (u = 2^-11) and the output in bf16 on the 8-bit side, bf16 rounding
-  noise on the other.
+  quantizer) against bf16 K and V; P in fp16 (noise u = 2^-11) on the 8-bit side, bf16 on the other.
 
 It reports, per comparison, the attention layers' own relative error eps (error of the attention output against
-the exact attention of the same inputs, RMS over elements) and the logprob drift it causes: the standard deviation
-over the vocabulary of the change of the last position's logprobs, the largest change, KL, and the prompt
-logprobs' RMS / largest change. ``propagation`` = drift std / (logit_std * eps): how much of an attention error
-reaches the logits. bench/logprob_eq.py's tolerances use an upper bound of it (PROPAGATION) and
-tests/test_logprob_eq.py checks that bound against this simulation.
+the exact attention of the same inputs, RMS over elements) and the logprob drift: the standard deviation over the
+vocabulary of the change of the last position's logprobs, the largest change, KL, and the prompt logprobs' RMS /
+largest change; ``propagation`` = drift std / (logit_std * eps). bench/logprob_eq.py's tolerances bound the
+linear propagation (``--f64``) and the bf16 re-rounding floor (default) it measures; tests/test_logprob_eq.py
+checks those bounds and the limits against this simulation.
 """
 from __future__ import annotations
 
@@ -118,11 +119,21 @@ def _noise(x, u, gen):
     return x * (1.0 + (torch.rand(x.shape, generator=gen, dtype=x.dtype) * 2 - 1) * u)
 
 
-class Engine:
-    """How one engine computes the full-attention layers: KV storage ('exact', 'int8', 'fp8') and rounding."""
+def _bf16(x):
+    """Round to bfloat16 (RNE) and back: where the engine stores a tensor in the model's dtype."""
+    return x.to(torch.bfloat16).to(x.dtype)
 
-    def __init__(self, kv="exact", u_p=0.0, u_out=0.0, seed=0):
-        self.kv, self.u_p, self.u_out = kv, u_p, u_out
+
+def _exact(x):
+    return x
+
+
+class Engine:
+    """How one engine computes the full-attention layers: KV storage ('exact', 'int8', 'fp8') and rounding. With
+    ``bf16`` (the engine's dtype) the output is rounded to bf16; without it, modelled as noise U(-u_out, u_out)."""
+
+    def __init__(self, kv="exact", u_p=0.0, u_out=0.0, seed=0, bf16=True):
+        self.kv, self.u_p, self.u_out, self.bf16 = kv, u_p, u_out, bf16
         self.gen = torch.Generator().manual_seed(seed)
         self.eps_sq = []  # per full-attention layer: (error^2 sum, reference^2 sum)
 
@@ -135,7 +146,7 @@ class Engine:
         """q [T, H, D], k/v [T, Hkv, D]: causal attention as this engine computes it; records its own error."""
         exact = _attention(q, k, v, scale, group, None, 0.0)
         out = _attention(q, self.store(k), self.store(v), scale, group, self, self.u_p)
-        out = _noise(out, self.u_out, self.gen)
+        out = _bf16(out) if self.bf16 else _noise(out, self.u_out, self.gen)
         self.eps_sq.append((float((out - exact).pow(2).sum()), float(exact.pow(2).sum())))
         return out
 
@@ -159,17 +170,17 @@ def _attention(q, k, v, scale, group, engine, u_p):
     return torch.einsum("hts,shd->thd", p / l_sum, vv)
 
 
-def _gdn(x, w, a, d: Dims):
+def _gdn(x, w, a, d: Dims, r=_exact):
     t = x.shape[0]
     kd, vd = d.gdn_k_heads * d.gdn_dim, d.gdn_v_heads * d.gdn_dim
-    qkvz = x @ w[f"{a}.in_proj_qkvz.weight"].T
+    qkvz = r(x @ w[f"{a}.in_proj_qkvz.weight"].T)
     mixed, z = qkvz[:, : 2 * kd + vd], qkvz[:, 2 * kd + vd :]
-    ba = x @ w[f"{a}.in_proj_ba.weight"].T
+    ba = r(x @ w[f"{a}.in_proj_ba.weight"].T)
     b, a_in = ba[:, : d.gdn_v_heads], ba[:, d.gdn_v_heads :]
     cw = w[f"{a}.conv1d.weight"][:, 0, :]  # [C, K], causal depthwise
     padded = torch.cat([torch.zeros(d.conv - 1, mixed.shape[1], dtype=x.dtype), mixed])
     conv = sum(padded[j : j + t] * cw[:, j] for j in range(d.conv))
-    conv = torch.nn.functional.silu(conv)
+    conv = r(torch.nn.functional.silu(conv))
     q = conv[:, :kd].view(t, d.gdn_k_heads, d.gdn_dim)
     k = conv[:, kd : 2 * kd].view(t, d.gdn_k_heads, d.gdn_dim)
     v = conv[:, 2 * kd :].view(t, d.gdn_v_heads, d.gdn_dim)
@@ -186,60 +197,67 @@ def _gdn(x, w, a, d: Dims):
         delta = (v[i] - mem) * beta[i][:, None]
         state = state + torch.einsum("hk,hv->hkv", k[i], delta)
         outs.append(torch.einsum("hkv,hk->hv", state, q[i]))
-    o = torch.stack(outs)  # [T, Hv, dv]
-    o = _rms_norm(o, w[f"{a}.norm.weight"], one_plus=False) * torch.nn.functional.silu(
-        z.view(t, d.gdn_v_heads, d.gdn_dim))
-    return o.reshape(t, vd) @ w[f"{a}.out_proj.weight"].T
+    o = r(torch.stack(outs))  # [T, Hv, dv]
+    o = r(_rms_norm(o, w[f"{a}.norm.weight"], one_plus=False) * torch.nn.functional.silu(
+        z.view(t, d.gdn_v_heads, d.gdn_dim)))
+    return r(o.reshape(t, vd) @ w[f"{a}.out_proj.weight"].T)
 
 
-def _full_attention(x, w, a, d: Dims, engine: Engine):
+def _full_attention(x, w, a, d: Dims, engine: Engine, r=_exact):
     t = x.shape[0]
-    qkv = x @ w[f"{a}.qkv_proj.weight"].T
+    qkv = r(x @ w[f"{a}.qkv_proj.weight"].T)
     qg = qkv[:, : 2 * d.heads * d.head_dim].view(t, d.heads, 2 * d.head_dim)
     q, gate = qg[..., : d.head_dim], qg[..., d.head_dim :]
     k = qkv[:, 2 * d.heads * d.head_dim : (2 * d.heads + d.kv_heads) * d.head_dim].view(t, d.kv_heads, d.head_dim)
     v = qkv[:, (2 * d.heads + d.kv_heads) * d.head_dim :].view(t, d.kv_heads, d.head_dim)
-    q = _rms_norm(q, w[f"{a}.q_norm.weight"])
-    k = _rms_norm(k, w[f"{a}.k_norm.weight"])
+    q = r(_rms_norm(q, w[f"{a}.q_norm.weight"]))
+    k = r(_rms_norm(k, w[f"{a}.k_norm.weight"]))
     o = engine.attend(q, k, v, d.head_dim**-0.5, d.heads // d.kv_heads)
-    o = o * torch.sigmoid(gate)
-    return o.reshape(t, d.heads * d.head_dim) @ w[f"{a}.o_proj.weight"].T
+    o = r(o * torch.sigmoid(gate))
+    return r(o.reshape(t, d.heads * d.head_dim) @ w[f"{a}.o_proj.weight"].T)
 
 
 def forward(w: dict, ids: torch.Tensor, engine: Engine) -> torch.Tensor:
-    """Logprobs [T, vocab] of every position."""
+    """Logprobs [T, vocab] of every position. With engine.bf16 every tensor the engine stores in bf16 is rounded
+    to it (weights, linear and norm outputs, the residual stream, activations, attention output, logits; the
+    arithmetic in between exact), as vLLM runs the model: then two engines whose attention differs by rounding
+    differ everywhere after it by re-rounding too."""
     d = w["_dims"]
-    h = w["embed_tokens.weight"][ids]
+    r = _bf16 if engine.bf16 else _exact
+    wr = {k: (r(v) if isinstance(v, torch.Tensor) else v) for k, v in w.items()}
+    h = wr["embed_tokens.weight"][ids]
     for i in range(w["_layers"]):
         p = f"layers.{i}"
-        x = _rms_norm(h, w[f"{p}.input_layernorm.weight"])
+        x = r(_rms_norm(h, wr[f"{p}.input_layernorm.weight"]))
         if (i + 1) % 4 == 0:
-            h = h + _full_attention(x, w, f"{p}.self_attn", d, engine)
+            h = r(h + _full_attention(x, wr, f"{p}.self_attn", d, engine, r))
         else:
-            h = h + _gdn(x, w, f"{p}.linear_attn", d)
-        x = _rms_norm(h, w[f"{p}.post_attention_layernorm.weight"])
-        gu = x @ w[f"{p}.mlp.gate_up_proj.weight"].T
-        h = h + (torch.nn.functional.silu(gu[:, : d.inter]) * gu[:, d.inter :]) @ w[f"{p}.mlp.down_proj.weight"].T
-    logits = _rms_norm(h, w["norm.weight"]) @ w["lm_head.weight"].T
+            h = r(h + _gdn(x, wr, f"{p}.linear_attn", d, r))
+        x = r(_rms_norm(h, wr[f"{p}.post_attention_layernorm.weight"]))
+        gu = r(x @ wr[f"{p}.mlp.gate_up_proj.weight"].T)
+        act = r(torch.nn.functional.silu(gu[:, : d.inter]) * gu[:, d.inter :])
+        h = r(h + r(act @ wr[f"{p}.mlp.down_proj.weight"].T))
+    logits = r(r(_rms_norm(h, wr["norm.weight"])) @ wr["lm_head.weight"].T)
     return torch.log_softmax(logits, dim=-1)
 
 
-def engines(mode: str, seed: int) -> tuple[Engine, Engine]:
+def engines(mode: str, seed: int, bf16: bool = True) -> tuple[Engine, Engine]:
     """The two sides of a comparison (reference first)."""
     if mode == "bf16-kernels":
-        return Engine("exact", U_BF16, U_BF16, 2 * seed + 1), Engine("exact", U_BF16, U_BF16, 2 * seed + 2)
+        return (Engine("exact", U_BF16, U_BF16, 2 * seed + 1, bf16),
+                Engine("exact", U_BF16, U_BF16, 2 * seed + 2, bf16))
     if mode in ("int8", "fp8"):
-        return Engine("exact", U_BF16, U_BF16, 2 * seed + 1), Engine(mode, U_FP16, U_BF16, 2 * seed + 2)
+        return Engine("exact", U_BF16, U_BF16, 2 * seed + 1, bf16), Engine(mode, U_FP16, U_BF16, 2 * seed + 2, bf16)
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
 def simulate(mode: str, layers: int, scales: Scales = Scales(), tokens: int = 384, seed: int = 0,
-             dims: Dims = Dims()) -> dict:
+             dims: Dims = Dims(), bf16: bool = True) -> dict:
     """Run one comparison; the drift numbers and eps (the attention error of the perturbed side, and of both
     sides together: sqrt(eps_ref^2 + eps_other^2), what the logits see)."""
     w = build(layers, Scales(**{**scales.to_dict(), "seed": scales.seed + 1000 * seed}), dims)
     ids = torch.randint(0, dims.vocab, (tokens,), generator=torch.Generator().manual_seed(seed))
-    ref_engine, other_engine = engines(mode, seed)
+    ref_engine, other_engine = engines(mode, seed, bf16)
     ref = forward(w, ids, ref_engine)
     other = forward(w, ids, other_engine)
     last = other[-1] - ref[-1]
@@ -261,13 +279,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=384)
     ap.add_argument("--scales", default="{}", help="Scales as JSON (ci/gpu/scaled_weights.py)")
+    ap.add_argument("--f64", action="store_true", help="float64 everywhere but attention (the linear part alone)")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     scales = Scales.from_dict(json.loads(a.scales))
     for layers in map(int, a.layers.split(",")):
         for mode in a.modes.split(","):
             for seed in range(a.seeds):
-                r = simulate(mode, layers, scales, a.tokens, seed)
+                r = simulate(mode, layers, scales, a.tokens, seed, bf16=not a.f64)
                 print(json.dumps({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
     return 0
 

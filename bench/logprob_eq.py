@@ -31,17 +31,27 @@ GPU test):
      (V); plus both sides' rounding (bf16 side: P and output bf16; 8-bit side: P fp16 (u = 2^-11), output bf16):
      eps = sqrt((score_std r)^2 + r^2 + rounding^2) (int8 0.022, fp8 0.083 at score_std 3): an upper estimate,
      a score error moves the output by at most its own size relative to it.
-2. Propagation to the logits: the change of the logprobs has standard deviation sigma = logit_std x P x eps over
-   the vocabulary, P = how much of an attention error reaches the final hidden state. P was measured by
-   bench/equiv_sim.py (this model and these weights at reduced width, float64, with exactly these error models;
-   ``python bench/equiv_sim.py --layers 4,8,16 --seeds 3 --tokens 384``): 0.12-0.21 with one full-attention layer,
-   0.23-0.41 with two, 0.48-0.70 with four; 0.25 per full-attention layer bounds it (PROPAGATION_PER_ATTN_LAYER;
-   tests/test_logprob_eq.py keeps that true).
+2. Propagation to the logits: the change of the logprobs has standard deviation
+   sigma = logit_std x sqrt((P x eps)^2 + F^2) over the vocabulary.
+   * P: how much of an attention error reaches the final hidden state (linearly). bench/equiv_sim.py (this model
+     and these weights at reduced width, the comparisons' error models, float64 elsewhere;
+     ``python bench/equiv_sim.py --f64``, 256 and 384 tokens, 3 seeds) measured 0.12-0.21 with one full-attention
+     layer, 0.23-0.41 with two, 0.32-0.54 with three, 0.47-0.70 with four; 0.25 per full-attention layer bounds
+     it (PROPAGATION_PER_ATTN_LAYER).
+   * F: the engine stores every activation in bf16. Once two engines' values differ at all, each later rounding
+     turns a difference below one bf16 step into a whole step or none (variance ~ difference x step): the
+     difference does not shrink below rounding level and accumulates layer by layer. The simulation with bf16
+     everywhere (``python bench/equiv_sim.py``, 256 tokens, 3 seeds) measured F = drift / logit_std = 0.003 /
+     0.012 / 0.020 / 0.026 at 4 / 8 / 12 / 16 layers for two bf16 kernels; 0.5 u per layer (u = 2^-8:
+     0.0078 / 0.0156 / 0.023 / 0.031) bounds it (FLOOR_PER_LAYER_U). It dominates the bf16-kernel comparison
+     (P x eps ~ 2e-3) and is comparable to the 8-bit ones.
+   tests/test_logprob_eq.py checks both bounds and the limits below against the simulation.
 3. Limits (margin M = 2 on the predicted size): the largest change over the vocabulary of one position's
-   logprobs: M x z(vocab) x sigma with z(n) = sqrt(2 ln n) + 1.5 (the largest of n Gaussian draws, plus room for
-   the heavier tails near-tied attention gives); KL(ref || other) of one position: (M sigma)^2 / 2 (KL ~ the
-   variance of the change / 2); the prompt tokens' logprobs: RMS change M x sigma, largest change
-   M x z(prompt length) x sigma.
+   logprobs: M x z(vocab) x sigma + one bf16 step of the largest logit (logits are bf16: a change may round a
+   logit a whole step; 0.125 at logit_std 3 over 248320 tokens) with z(n) = sqrt(2 ln n) + 1.5 (the largest of n
+   Gaussian draws, plus room for the heavier tails near-tied attention gives); KL(ref || other) of one position:
+   (M sigma)^2 / 2 (KL ~ the variance of the change / 2); the prompt tokens' logprobs: RMS change M x sigma,
+   largest change M x z(prompt length) x sigma + one bf16 step of logit_std x z(prompt length).
 Greedy steps are compared while both engines have produced the same tokens, including the step where they first
 differ (its context is still the same); a divergence is then within tolerance by the per-step check (the two
 tokens' logprobs are within 2 x the limit of each other in the reference).
@@ -66,6 +76,7 @@ REPO = Path(__file__).resolve().parent.parent
 U_BF16 = 2.0**-8
 U_FP16 = 2.0**-11
 PROPAGATION_PER_ATTN_LAYER = 0.25
+FLOOR_PER_LAYER_U = 0.5  # bf16 re-rounding floor: 0.5 u per layer of relative change of the final hidden state
 MARGIN = 2.0
 Z_EXTRA = 1.5
 MODES = ("bf16-kernels", "int8", "fp8")
@@ -129,6 +140,17 @@ def propagation(layers: int) -> float:
     return PROPAGATION_PER_ATTN_LAYER * max(1, layers // 4)
 
 
+def rounding_floor(layers: int) -> float:
+    """Upper bound of F (module docstring, step 2): the relative change of the final hidden state that bf16
+    re-rounding alone leaves between two engines whose values differ at all."""
+    return FLOOR_PER_LAYER_U * U_BF16 * layers
+
+
+def bf16_ulp(x: float) -> float:
+    """Spacing of bf16 numbers at |x| (8 significant bits)."""
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0**-133
+
+
 @dataclass(frozen=True)
 class Tolerance:
     mode: str
@@ -148,17 +170,21 @@ def derive(mode: str, *, layers: int, vocab: int, prompt_len: int, logit_std: fl
            head_dim: int = 256, margin: float = MARGIN) -> Tolerance:
     """The limits of a comparison of ``mode`` (module docstring)."""
     parts = attention_eps(mode, score_std, head_dim)
-    p = propagation(layers)
-    sigma = logit_std * p * parts["eps"]
+    p, f = propagation(layers), rounding_floor(layers)
+    sigma = logit_std * math.hypot(p * parts["eps"], f)
+    ulp_top, ulp_prompt = bf16_ulp(logit_std * z(vocab)), bf16_ulp(logit_std * z(prompt_len))
+    step_max = margin * z(vocab) * sigma + ulp_top
+    prompt_max = margin * z(prompt_len) * sigma + ulp_prompt
     shown = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if k != "eps")
-    text = (f"{mode}: eps = {parts['eps']:.3g} ({shown}); sigma = logit_std {logit_std:g} x P {p:g} "
-            f"({layers} layers) x eps = {sigma:.3g}; limits with margin {margin:g}: step max |d logprob| "
-            f"{margin:g} x z({vocab}) {z(vocab):.2f} x sigma = {margin * z(vocab) * sigma:.3g}, step KL "
-            f"(M sigma)^2 / 2 = {(margin * sigma) ** 2 / 2:.3g}, prompt RMS {margin * sigma:.3g}, prompt max "
-            f"{margin:g} x z({prompt_len}) {z(prompt_len):.2f} x sigma = {margin * z(prompt_len) * sigma:.3g}")
-    return Tolerance(mode=mode, eps=parts["eps"], sigma=sigma, step_max_abs=margin * z(vocab) * sigma,
-                     step_kl=(margin * sigma) ** 2 / 2, prompt_rms=margin * sigma,
-                     prompt_max_abs=margin * z(prompt_len) * sigma, derivation=text)
+    text = (f"{mode}: eps = {parts['eps']:.3g} ({shown}); sigma = logit_std {logit_std:g} x sqrt((P {p:g} x eps)^2 "
+            f"+ F {f:.3g}^2) ({layers} layers) = {sigma:.3g}; limits with margin {margin:g}: step max |d logprob| "
+            f"{margin:g} x z({vocab}) {z(vocab):.2f} x sigma + bf16 ulp of the top logit {ulp_top:g} = "
+            f"{step_max:.3g}, step KL (M sigma)^2 / 2 = {(margin * sigma) ** 2 / 2:.3g}, prompt RMS "
+            f"{margin * sigma:.3g}, prompt max {margin:g} x z({prompt_len}) {z(prompt_len):.2f} x sigma + "
+            f"{ulp_prompt:g} = {prompt_max:.3g}")
+    return Tolerance(mode=mode, eps=parts["eps"], sigma=sigma, step_max_abs=step_max,
+                     step_kl=(margin * sigma) ** 2 / 2, prompt_rms=margin * sigma, prompt_max_abs=prompt_max,
+                     derivation=text)
 
 
 def comparison_mode(ref_cfg: dict, other_cfg: dict) -> str:

@@ -12,7 +12,7 @@ model is re-initialised at scales where they do: RMS-preserving linear layers, N
 3 over the vocabulary (top token p ~ 0.1-0.2), attention scores with std 3 (a few keys carry most of each head's
 weight). test_outputs_depend_on_far_context_through_attention checks that on the engine.
 
-Tolerances (bench/logprob_eq.py derive(); margin 2 on each predicted size, z(n) = sqrt(2 ln n) + 1.5):
+Tolerances (bench/logprob_eq.py derive(); margin M = 2 on each predicted size, z(n) = sqrt(2 ln n) + 1.5):
 
   eps, the RMS relative error of a full-attention layer's output between the two engines:
     TRITON_ATTN vs DCU_TRITON_ATTN, bf16 KV: each kernel rounds P to bf16 before P.V and its output to bf16
@@ -20,14 +20,24 @@ Tolerances (bench/logprob_eq.py derive(); margin 2 on each predicted size, z(n) 
     8-bit vs bf16 KV: the cache's relative RMS error r of a 256-wide head (its own quantizer on N(0, 1): int8
       7.0e-3, fp8 2.6e-2) moves the scores by score_std x r (K) and the output by r (V), plus rounding 3.9e-3:
       eps = sqrt((3r)^2 + r^2 + 3.9e-3^2) = 0.022 (int8), 0.083 (fp8)
-  sigma = logit_std 3 x P x eps: the standard deviation over the vocabulary of the change of one position's
-    logprobs; P <= 0.25 per full-attention layer = 0.5 here (bench/equiv_sim.py measured 0.23-0.41 for two
-    full-attention layers in this model at reduced width; tests/test_logprob_eq.py keeps the bound)
-    -> sigma = 0.0068 (bf16 kernels), 0.034 (int8), 0.124 (fp8)
-  limits: per sampled position max |d logprob| over the vocabulary 2 x z(248320) x sigma = 12.96 sigma
-    (0.088 / 0.44 / 1.6), KL(ref || other) (2 sigma)^2 / 2 (9.2e-5 / 2.3e-3 / 0.031); prompt tokens: RMS change
-    2 sigma (0.0135 / 0.067 / 0.25), largest change 2 x z(N - 1) x sigma (at 32K: 0.082 / 0.41 / 1.5).
-  Against a bug: an O(1) error in one attention layer moves sigma to ~3 x 0.25 = 0.75 (max change ~5 nats).
+  sigma = logit_std 3 x sqrt((P x eps)^2 + F^2), the standard deviation over the vocabulary of the change of one
+    position's logprobs:
+    P <= 0.25 per full-attention layer = 0.5 here: the linear propagation of an attention error (bench/equiv_sim.py,
+      this model at reduced width with float64 elsewhere, measured 0.23-0.41 with two full-attention layers);
+    F <= 0.5 u per layer = 0.0156 here: activations are bf16, so once two engines differ at all, every later
+      rounding keeps a difference of about one bf16 step alive (the simulation with bf16 everywhere measured
+      F = 0.012 at 8 layers for two bf16 kernels). It dominates the bf16-kernel comparison.
+    -> sigma = 0.047 (bf16 kernels), 0.058 (int8), 0.132 (fp8)
+  limits: per sampled position max |d logprob| over the vocabulary 2 x z(248320) x sigma + 0.125 (one bf16 step of
+    the largest logits) = 0.74 / 0.87 / 1.84, KL(ref || other) (2 sigma)^2 / 2 = 0.0045 / 0.0067 / 0.035; prompt
+    tokens: RMS change 2 sigma = 0.095 / 0.115 / 0.265, largest change 2 x z(N - 1) x sigma + 0.125 (at 32K:
+    0.70 / 0.82 / 1.73).
+  The same limits in the simulation (vocabulary 8192, bf16 everywhere) hold with room: measured / limit <= 0.3 for
+  the largest change, <= 0.2 for KL, <= 0.41 for the prompt RMS. Against a bug: an O(1) error in one attention
+  layer moves sigma to ~3 x 0.25 = 0.75 (KL ~0.3, 60x the bf16 limit); the far-context probe below (half the
+  context replaced) measured 3-4x the largest-change limit and 20-40x the KL limit in the simulation.
+  With TRITON_ATTN vs DCU_TRITON_ATTN the prompt and the first token come from the same prefill kernel (patch
+  0006 serves both backends), so they are expected bit-identical (recorded, not required).
 
 Runtime (one H200, warm: bundle installed, Triton caches filled): ~35-45 s per engine (start ~20 s, 54K prompt
 tokens with prompt logprobs, 36 full-vocabulary steps), 4 engines ~3 min; a fresh machine adds ~2-3 min of GDN
@@ -114,11 +124,12 @@ def test_outputs_depend_on_far_context_through_attention(engine_run, record):
     # not flat (dummy weights: std ~0) and not one-hot
     assert 0.5 * sc.logit_std < std < 2.0 * sc.logit_std, std
     assert 10.0 / first.size < p.max() < 0.9, p.max()
-    # far context matters far beyond the bf16 kernels' limits (so those limits can see a broken attention)
+    # far context moves the outputs beyond the bf16 kernels' limits (so those limits can see a broken attention;
+    # in the simulation 3-4x the largest-change limit and 20-40x the KL limit)
     bf16 = leq.derive("bf16-kernels", layers=LAYERS, vocab=first.size, prompt_len=n - 1, logit_std=sc.logit_std,
                       score_std=sc.score_std)
-    assert np.abs(probe - first).max() > 5 * bf16.step_max_abs
-    assert leq._kl(first, probe) > 100 * bf16.step_kl
+    assert np.abs(probe - first).max() > bf16.step_max_abs
+    assert leq._kl(first, probe) > 10 * bf16.step_kl
 
 
 def test_dcu_triton_attn_matches_triton_attn_with_bf16_kv(engine_run, record):
