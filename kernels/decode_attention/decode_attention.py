@@ -17,14 +17,41 @@ for any context length.
 
 Quantized caches (docs/kv-cache-layout.md, kv_quant "fp8" or "int8"): the uint8 codes become fp16
 (e4m3 value / 256, int8 value / 128: exact, e4m3 subnormals included) and both products run in
-fp16; the per-(token, head) float32 scales (times 256 or 128) are applied to the columns of S (K)
-and of P (V), never to the tiles. fp16 rather than the query's bf16 because e4m3 -> fp16 is a
-plain bit move (no subnormal special case) and int8 -> fp16 a byte permute and one subtraction;
-q is multiplied by a power of two that puts max|q| at 2^12 (exact, undone in S), P saturates at
-fp16's 65504 (reached only when a V head's max |value| exceeds ~65000 (int8) / ~114000 (fp8)).
+fp16 with float32 accumulation; the per-(token, head) float32 scales are applied to the columns of
+S (K) and of P (V), never to the tiles. fp16 rather than the query's bf16 because e4m3 -> fp16 is a
+plain bit move (no subnormal special case) and int8 -> fp16 a byte permute and one subtraction.
+S: q is multiplied by a power of two that puts max|q| at 2^12 (exact, undone in S), so q x code
+products stay below 2^13 x 1.75 whatever |K| is (|K| 6e4 and beyond: the K scale and the power of
+two go into S's float32 column factor after the dot).
+P: the V scales multiply P's columns relative to the tile's largest V scale u (P stays in [0, 1],
+fp16's normal range covers its useful part for V of any magnitude); u is carried in a running
+factor of the accumulator (acc holds output / (u x code unit); when the next tile's u differs, acc
+is rescaled by old u / new u together with the softmax rescale) and multiplied back in at the end,
+before the partial output goes to the workspace, so stage 2 merges true float32 values. u never
+drops below 2^-64 of the largest V scale the program has seen (nor below the smallest normal
+float32), so an all-zero tile (scales 0) divides nothing by zero and acc stays below ~1.75 x 2^64 x the
+split's token count for any finite V.
+Changed 2026-12 (issue #15): the kernel used to put V scale x code unit itself into fp16 P, which
+lost heads with |V| ~ 1e-6 to fp16 subnormals (5-9% error on the H200) and saturated P at 65504 for
+|V| above ~65000 (int8) / ~114000 (fp8) (22% at 1e5). Now 1e-2 of a float64 reference on the
+dequantized cache for |V| in 1e-6..1e37 and |K| up to 6e4 (tests/test_decode_attention.py,
+tests/gpu/test_decode_attention_gpu.py). Cost per tile (8-bit only; bf16 caches unchanged): one max
+reduction over the tile's BLOCK_N V scales, one float32 division and a few scalar ops, BLOCK_N
+multiplies for the scale ratios and BLOCK_H for the rescale; per element P takes one multiply as
+before and loses the old min(, 65504). Against the tile's BLOCK_N x head_dim code loads and two
+16 x BLOCK_N x head_dim dots this should be within noise (expected <= 2-3%). Compiled without a
+GPU (``python -m kernels.decode_attention.compile_check``, table entries): sm90 kv8 (BLOCK_N 64,
+2 stages; already at 255 registers and spilling) 3 more barriers per tile (the max reduction crosses
+warps) and spill stores 412 -> 452 B with PTX conversions (432 -> 556 B portable); gfx90a (the DCU
+proxy, BLOCK_N 32 in one wave64) no new barrier, VGPRs 256 / 223 -> 256 / 228 (int8 / fp8 software),
+spills 6 -> 5. To be measured on the H200 with ``python -m kernels.decode_attention.bench``
+(ci/gpu/plans/equivalence.jobs runs it on the kernel before and after in one call).
+Scores are not clamped: |q . k x scale| must stay within float32 (the prefill kernel saturates S
+at +-3e38 for inputs beyond that).
 Rows past the end of a sequence re-read its last token instead of being masked, so the K/V loads
 carry no row mask. On CUDA the conversions are PTX (4 codes per instruction sequence; the software
-e4m3 path uses integer ops only); elsewhere the same values come from portable Triton ops.
+e4m3 path uses integer ops only); elsewhere the same values come from portable Triton ops. Only the
+conversions differ between the two: the scale arithmetic above is shared.
 """
 import torch
 import triton
@@ -38,6 +65,9 @@ _BLOCK_H = 16  # q rows per tile: smallest tl.dot M; holds GQA groups up to 16
 _MERGE_SPLITS = 64  # splits merged per step in stage 2
 _MERGE_DIM = 64  # head_dim columns per stage-2 program (more programs, fewer serial loads)
 _KV_QUANT = {None: 0, "fp8": 1, "int8": 2}
+# constexpr: the compiler (unlike the interpreter) refuses plain Python globals inside a kernel
+_MIN_NORMAL_F32 = tl.constexpr(1.1754943508222875e-38)  # V scales are 0 or normal (kv_quant reference)
+_U_FLOOR = tl.constexpr(5.421010862427522e-20)  # 2^-64: acc's V factor never drops below this x largest V scale
 
 
 @triton.jit
@@ -178,6 +208,9 @@ def _decode_split_kernel(
         else:
             code_unit = 256.0
         s_mult = scale_log2 * code_unit * q_inv_s
+        # running V factor of acc (acc holds values / (u_i * code_unit)) and the largest V scale seen so far
+        u_i = tl.full([], _MIN_NORMAL_F32, dtype=tl.float32)
+        u_top = tl.zeros([], dtype=tl.float32)
     dot_dtype = q.dtype
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -237,12 +270,23 @@ def _decode_split_kernel(
         if KV_QUANT != 0:
             v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX, V_PURE)
             v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
-            # fp16 P: saturate instead of overflowing (only for |V| > ~65000, see module docstring)
-            p = tl.minimum(p * (v_scale * code_unit)[None, :], 65504.0)
+            # P in [0, 1] in fp16: V scales relative to the tile's largest (u_new), which goes into acc's factor.
+            # u_new is floored at 2^-64 of the largest scale seen (and at the smallest normal float32), so an
+            # all-zero tile divides nothing by 0 and the rescale ratio u_i / u_new stays <= 2^64 (see docstring).
+            t_max = tl.max(v_scale, axis=0)
+            u_top = tl.maximum(u_top, t_max)
+            u_new = tl.maximum(tl.maximum(t_max, u_top * _U_FLOOR), _MIN_NORMAL_F32)
+            inv_u = 1.0 / u_new  # one division per tile; the columns and the rescale multiply
+            p = p * (v_scale * inv_u)[None, :]
+            alpha = alpha * (u_i * inv_u)
+            u_i = u_new
         acc = acc * alpha[:, None] + tl.dot(p.to(dot_dtype), v)
         m_i = m_new
 
     o = acc / l_i[:, None]
+    if KV_QUANT != 0:
+        # true values (float32) before the workspace: stage 2 merges splits whose factors differ
+        o = o * (u_i * code_unit)
     if n_splits == 1:
         tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=hd_mask)
     else:

@@ -22,8 +22,9 @@ Quantized caches (kv_quant "fp8" / "int8", docs/kv-cache-layout.md): uint8 codes
 fp16. Q is multiplied by a power of two that puts max|q| of the tile at 2^12 (exact; undone in S). The K
 scales multiply the columns of S. The V scales multiply the columns of P after dividing by the tile's
 largest V scale, so P stays in [0, 1] in fp16 (no overflow for any finite V); that largest scale is carried
-in the accumulator's running factor, not in P. Each 8-bit tile is converted once per query tile (BLOCK_M
-rows share it).
+in the accumulator's running factor, not in P, and the factor never drops below 2^-64 of the largest V scale
+seen (nor below the smallest normal float32): an all-zero V tile (scales 0) after large V used to rescale acc
+by ~1e3 / 1e-38 = inf. Each 8-bit tile is converted once per query tile (BLOCK_M rows share it).
 
 Grid: ``(num_tokens // BLOCK_Q + num_seqs, kv_heads)``; a program finds its sequence by binary search over
 ``cu_seqlens_q`` (no host sync, so the launch needs only host-known sizes). Programs past the last tile
@@ -33,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..decode_attention.decode_attention import _codes_to_f16, _pow2_fp16_scale, _use_ptx
+from ..decode_attention.decode_attention import _MIN_NORMAL_F32, _U_FLOOR, _codes_to_f16, _pow2_fp16_scale, _use_ptx
 from ..fp8_e4m3 import use_software_fp8
 from . import launch_params
 
@@ -81,7 +82,7 @@ def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.cons
 
 @triton.jit
 def _attend_tile(
-    tile, q, m_i, l_i, acc, u_i, q_pos,
+    tile, q, m_i, l_i, acc, u_i, u_top, q_pos,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
@@ -90,8 +91,8 @@ def _attend_tile(
     CAUSAL: tl.constexpr, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
     CODES_F16: tl.constexpr,
 ):  # fmt: skip
-    """One BLOCK_N tile of keys for all rows: online-softmax update of (m_i, l_i, acc, u_i). CODES_F16: the 8-bit
-    codes were converted to fp16 already (the mirror), so the tiles go to the matrix unit as loaded."""
+    """One BLOCK_N tile of keys for all rows: online-softmax update of (m_i, l_i, acc, u_i, u_top). CODES_F16: the
+    8-bit codes were converted to fp16 already (the mirror), so the tiles go to the matrix unit as loaded."""
     phys, slot = _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N, PAGE_GE_TILE)
     if HEAD_DIM == BLOCK_D:
         d_mask = None
@@ -129,8 +130,12 @@ def _attend_tile(
         if not CODES_F16:
             v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX)
         v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
-        # P in [0, 1] in fp16: V scales relative to this tile's largest, which goes into the running factor u
-        u_new = tl.maximum(tl.max(v_scale, axis=0), 1.1754943508222875e-38)  # scales are 0 or normal
+        # P in [0, 1] in fp16: V scales relative to this tile's largest, which goes into the running factor u; u
+        # stays >= 2^-64 x the largest scale seen (u_top) and the smallest normal, so an all-zero tile after large
+        # V does not blow acc up by u_i / u_new (it did: inf at |V| ~1e5, then a zero tile)
+        t_max = tl.max(v_scale, axis=0)
+        u_top = tl.maximum(u_top, t_max)
+        u_new = tl.maximum(tl.maximum(t_max, u_top * _U_FLOOR), _MIN_NORMAL_F32)
         p = p * r[:, None] * (v_scale / u_new)[None, :]
         acc = acc * (rescale * (u_i / u_new))[:, None]
         u_i = u_new
@@ -140,7 +145,7 @@ def _attend_tile(
         acc = acc * rescale[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc)
     l_i = l_new
-    return m_new, l_i, acc, u_i
+    return m_new, l_i, acc, u_i, u_top
 
 
 # Sizes that change from launch to launch are not specialized on: one compiled kernel per cache layout and
@@ -202,6 +207,7 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     u_i = tl.full([], 1.0, dtype=tl.float32)  # running V-scale factor of acc (8-bit caches)
+    u_top = tl.zeros([], dtype=tl.float32)  # largest V scale seen (floor of u_i)
 
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_btb
     last = seq_len - 1
@@ -209,8 +215,8 @@ def _prefill_kernel(
     # stage 1: keys every row sees (before the tile's first query token), full tiles, no masks
     n_full = (context_len + t0) // BLOCK_N
     for tile in range(0, n_full):
-        m_i, l_i, acc, u_i = _attend_tile(
-            tile, q, m_i, l_i, acc, u_i, q_pos,
+        m_i, l_i, acc, u_i, u_top = _attend_tile(
+            tile, q, m_i, l_i, acc, u_i, u_top, q_pos,
             k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
             stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
@@ -220,8 +226,8 @@ def _prefill_kernel(
     t_last = tl.minimum(t0 + BLOCK_Q, q_len) - 1
     n_all = tl.cdiv(context_len + t_last + 1, BLOCK_N)
     for tile in range(n_full, n_all):
-        m_i, l_i, acc, u_i = _attend_tile(
-            tile, q, m_i, l_i, acc, u_i, q_pos,
+        m_i, l_i, acc, u_i, u_top = _attend_tile(
+            tile, q, m_i, l_i, acc, u_i, u_top, q_pos,
             k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
             stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,

@@ -120,6 +120,17 @@ def test_8bit_values_across_the_range(kv_quant, v_mag):
     check(run(case), case, rel_tol=1e-2)
 
 
+@pytest.mark.parametrize("mirror", [None, 0], ids=["mirror", "direct"])
+@pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
+def test_8bit_all_zero_v_tiles_after_large_v_stay_finite(kv_quant, mirror):
+    # a whole page of all-zero V (scales 0) after |V| ~1e5: the running V factor stays >= 2^-64 of the largest scale
+    case = make_case([(512, 3000)], kv_quant=kv_quant, seed=6, v_mag=1e5)
+    page = case["table"][0, 1]  # tokens 1552-3103: whole key tiles of zero V inside the history
+    case["v"][page].zero_()
+    case["v_scales"][page].zero_()
+    check(run(case, mirror=mirror), case, rel_tol=1e-2)
+
+
 def _compiled():
     kernels = (pa_module._prefill_kernel, pa_module._plan_mirror_kernel, pa_module._mirror_kernel)
     return sum(len(c[0]) for k in kernels for c in k.device_caches.values())

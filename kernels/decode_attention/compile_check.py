@@ -1,0 +1,140 @@
+"""Compile the split-KV decode kernel ahead of time for a GPU target, without a GPU, and report its resources.
+
+    python -m kernels.decode_attention.compile_check [--target sm90|gfx936|gfx928|...] [--json]
+
+For the target's launch_params entry (kv16 for bf16 caches, kv8 for int8 / fp8 with the software and, where the
+target has it, hardware e4m3 decode; on CUDA the PTX and the portable code conversions) at Qwen3.5-27B's head
+shape (6 q heads per kv head, 256), stage 1 is compiled with Triton's own compiler (CUDA: sm90 through the ptxas
+Triton ships; DCU: gfx90a, the wave64 target upstream LLVM knows, as the proxy for gfx936 / gfx928) and its
+registers, spills, shared memory / LDS and barriers are printed. The CPU interpreter runs the kernels as Python:
+this is what finds code the compiler refuses (e.g. a plain Python global inside a kernel). Must run without
+TRITON_INTERPRET=1.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+if __name__ == "__main__" and not __package__:  # run as a file
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    __package__ = "kernels.decode_attention"  # noqa: A001
+
+from . import launch_params  # noqa: E402
+
+_PTR = {"q": "*bf16", "k": "*u8", "v": "*u8", "ks": "*fp32", "vs": "*fp32", "block_table": "*i32",
+        "seq_lens": "*i32", "out": "*bf16", "ws_o": "*fp32", "ws_lse": "*fp32"}
+_ROCM_PROXY = "gfx90a"
+# (label, KV_QUANT, FP8_SOFTWARE, PTX): what each target can run
+_VARIANTS_CUDA = [("bf16", 0, False, False), ("int8 ptx", 2, False, True), ("fp8-sw ptx", 1, True, True),
+                  ("fp8-hw ptx", 1, False, True), ("int8 portable", 2, False, False),
+                  ("fp8-sw portable", 1, True, False), ("fp8-hw portable", 1, False, False)]
+_VARIANTS_ROCM = [("bf16", 0, False, False), ("int8", 2, False, False), ("fp8-sw", 1, True, False)]
+
+
+def gpu_target(target: str):
+    from triton.backends.compiler import GPUTarget
+
+    if target.startswith("sm"):
+        return GPUTarget("cuda", int(target[2:]), 32)
+    if target.startswith("gfx") or target == "rocm":
+        return GPUTarget("hip", _ROCM_PROXY, 64)
+    raise ValueError(f"compile_check: no compile target for {target!r} (use sm90, gfx936, gfx928, rocm)")
+
+
+def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launch: dict, group=6,
+                    head_dim=256, block_size=1552) -> dict:
+    import triton
+    from triton.compiler import ASTSource
+
+    from .decode_attention import _BLOCK_H, _decode_split_kernel
+
+    launch = dict(launch)
+    block_n = launch.pop("BLOCK_N")
+    early = launch.pop("early_convert", 2)
+    sig = {}
+    for name in _decode_split_kernel.arg_names:
+        if name.endswith("_ptr"):
+            t = _PTR[name[:-4]]
+            sig[name] = "*bf16" if kv_quant == 0 and name[:-4] in ("k", "v") else t
+        elif name == "scale_log2":
+            sig[name] = "fp32"
+        elif name[0].isupper():
+            sig[name] = "constexpr"
+        else:
+            sig[name] = "i32"
+    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_H=_BLOCK_H,
+                  BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n, KV_QUANT=kv_quant, FP8_SOFTWARE=software,
+                  PTX=ptx, K_PURE=early < 2, V_PURE=early < 1)
+    kernel = triton.compile(ASTSource(_decode_split_kernel, sig, constexprs=consts), target=gpu_target(target),
+                            options=launch)
+    report = dict(shared=kernel.metadata.shared)
+    if "ptx" in kernel.asm:
+        report.update(_ptxas_usage(kernel.asm["ptx"], gpu_target(target).arch),
+                      barriers=kernel.asm["ptx"].count("bar.sync"))
+    else:
+        gcn = kernel.asm["amdgcn"]
+
+        def field(name):
+            m = re.search(rf"\.{name}:\s+(\d+)", gcn)
+            return int(m.group(1)) if m else None
+
+        report.update(regs=field("vgpr_count"), spills=field("vgpr_spill_count"), sgprs=field("sgpr_count"),
+                      barriers=gcn.count("s_barrier"))
+    return report
+
+
+def _ptxas_usage(ptx: str, arch: int) -> dict:
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+        path = f.name
+    try:
+        out = subprocess.run([tool, f"-arch=sm_{arch}a", "-v", path, "-o", os.devnull], capture_output=True,
+                             text=True)
+    finally:
+        os.unlink(path)
+    text = out.stderr + out.stdout
+    regs = re.findall(r"Used (\d+) registers", text)
+    spills = re.findall(r"(\d+) bytes spill stores", text)
+    return dict(regs=int(regs[-1]) if regs else None, spills=int(spills[-1]) if spills else None)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", action="append", help="launch_params target (repeatable; default sm90 and gfx936)")
+    ap.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("error: compile_check needs Triton's compiler: unset TRITON_INTERPRET")
+    rows = []
+    for target in args.target or ["sm90", "gfx936"]:
+        entry = launch_params.get_params(target)
+        for label, kv, sw, ptx in (_VARIANTS_CUDA if target.startswith("sm") else _VARIANTS_ROCM):
+            launch = entry["kv8" if kv else "kv16"]
+            try:
+                rep = compile_variant(target, kv, sw, ptx, launch)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                rep = dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
+            rows.append(dict(target=target, variant=label, launch=launch, **rep))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return rows
+    print("| target | variant | launch | regs | spill | shared / LDS B | barriers |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        launch = " ".join(f"{k}={v}" for k, v in r["launch"].items())
+        if "error" in r:
+            print(f"| {r['target']} | {r['variant']} | {launch} | error: {r['error']} ||||")
+        else:
+            print(f"| {r['target']} | {r['variant']} | {launch} | {r['regs']} | {r['spills']} | {r['shared']} | "
+                  f"{r['barriers']} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
