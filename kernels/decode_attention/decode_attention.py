@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from ..fp8_e4m3 import e4m3_bits_to_f32_hw, use_software_fp8
+from ..paged_kv import check_block_table, check_one_device, check_q_and_cache
 from . import launch_params
 
 _LOG2E = 1.4426950408889634
@@ -152,6 +153,27 @@ def _pow2_fp16_scale(q):
     return s, inv_s
 
 
+@triton.jit
+def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.constexpr,
+             PAGE_GE_TILE: tl.constexpr):
+    """(physical page, slot) of each token of KV tile ``tile``; tokens past ``last`` read ``last``."""
+    tok = tl.minimum(tile * BLOCK_N + offs_n, last)
+    if PAGE_GE_TILE:
+        # a tile touches at most two pages: two scalar block-table reads, no per-token division
+        page0 = (tile * BLOCK_N) // block_size
+        phys0 = tl.load(bt_row + page0).to(tl.int64)
+        phys1 = tl.load(bt_row + tl.minimum(page0 + 1, last_page)).to(tl.int64)
+        slot = tok - page0 * block_size
+        second = slot >= block_size
+        slot = tl.where(second, slot - block_size, slot)
+        phys = tl.where(second, phys1, phys0)
+    else:
+        page = tok // block_size
+        slot = tok - page * block_size
+        phys = tl.load(bt_row + page).to(tl.int64)
+    return phys, slot
+
+
 # max_splits and min_split_tokens change with the batch size (or a forced split count): not
 # specialized on, so one compiled kernel serves every batch size.
 @triton.jit(do_not_specialize=["max_splits", "min_split_tokens"])
@@ -231,22 +253,8 @@ def _decode_split_kernel(
         kv_mask = d_mask[None, :]
         kv_other = 0
     for tile in range(tile_start, tile_end):
-        tok = tile * BLOCK_N + offs_n
-        n_mask = tok < seq_len
-        tok = tl.minimum(tok, last)
-        if PAGE_GE_TILE:
-            # a tile touches at most two pages: two scalar block-table reads, no per-token division
-            page0 = (tile * BLOCK_N) // block_size
-            phys0 = tl.load(bt_row + page0).to(tl.int64)
-            phys1 = tl.load(bt_row + tl.minimum(page0 + 1, last_page)).to(tl.int64)
-            slot = tok - page0 * block_size
-            second = slot >= block_size
-            slot = tl.where(second, slot - block_size, slot)
-            phys = tl.where(second, phys1, phys0)
-        else:
-            page = tok // block_size
-            slot = tok - page * block_size
-            phys = tl.load(bt_row + page).to(tl.int64)
+        n_mask = tile * BLOCK_N + offs_n < seq_len
+        phys, slot = _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N, PAGE_GE_TILE)
 
         k_row = phys * stride_kb + slot * stride_kt + kv_head * stride_kh
         k = tl.load(k_ptr + k_row[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
@@ -386,45 +394,12 @@ def _fail(msg: str):
 
 
 def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, out, k_scales, v_scales, kv_quant):
-    if kv_quant not in _KV_QUANT:
-        _fail(f"kv_quant must be one of {list(_KV_QUANT)}, got {kv_quant!r}")
-    if q.dim() != 3 or q.dtype not in (torch.float16, torch.bfloat16):
-        _fail(f"q must be [batch, q_heads, head_dim] float16/bfloat16, got {tuple(q.shape)} {q.dtype}")
-    batch, hq, d = q.shape
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        _fail(f"k_cache and v_cache must both be [num_blocks, block_size, kv_heads, head_dim], "
-              f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    _, block_size, hkv, dk = k_cache.shape
-    if dk != d:
-        _fail(f"head_dim of q ({d}) and of the cache ({dk}) differ")
-    if block_size % 16:
-        _fail(f"block size must be a multiple of 16, got {block_size}")
-    if hkv < 1 or hq % hkv or hq // hkv > _BLOCK_H:
-        _fail(f"q heads ({hq}) must be a multiple of kv heads ({hkv}) with at most {_BLOCK_H} q heads per kv head")
-    want_kv = torch.uint8 if kv_quant else q.dtype
-    if k_cache.dtype != want_kv or v_cache.dtype != want_kv:
-        _fail(f"kv_quant={kv_quant!r} needs {want_kv} caches, got {k_cache.dtype}/{v_cache.dtype}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
-        if t.stride(-1) != 1:
-            _fail(f"{name} must be contiguous in head_dim")
-    if kv_quant:
-        for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):
-            if t is None or t.dtype != torch.float32 or tuple(t.shape) != tuple(k_cache.shape[:3]):
-                got = None if t is None else f"{tuple(t.shape)} {t.dtype}"
-                _fail(f"kv_quant={kv_quant!r} needs {name} float32 {tuple(k_cache.shape[:3])}, got {got}")
-    elif k_scales is not None or v_scales is not None:
-        _fail("k_scales/v_scales are only used with kv_quant='fp8' or 'int8'")
-    if out.shape != q.shape or out.dtype != q.dtype:
-        _fail(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    check_q_and_cache(_fail, q, k_cache, v_cache, out, k_scales, v_scales, kv_quant, _BLOCK_H, q_rows="batch")
+    batch = q.shape[0]
     if seq_lens.dim() != 1 or seq_lens.shape[0] != batch or seq_lens.dtype != torch.int32:
         _fail(f"seq_lens must be int32 [{batch}], got {tuple(seq_lens.shape)} {seq_lens.dtype}")
-    if block_table.dim() != 2 or block_table.shape[0] < batch or block_table.dtype != torch.int32:
-        _fail(f"block_table must be int32 [>= {batch}, max_blocks], got {tuple(block_table.shape)} {block_table.dtype}")
-    if block_table.stride(1) != 1:
-        _fail("block_table rows must be contiguous")
-    devices = {t.device for t in (q, k_cache, v_cache, block_table, seq_lens, out)}
-    if len(devices) != 1:
-        _fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    check_block_table(_fail, block_table, batch)
+    check_one_device(_fail, q, k_cache, v_cache, block_table, seq_lens, out)
 
 
 def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, k_scales=None, v_scales=None,

@@ -1,105 +1,97 @@
-"""Compile the prefill kernel for a GPU target without a GPU and report its resources (ptxas -v).
+"""Compile the prefill kernel for a GPU target without a GPU and report its resources.
 
-    python -m kernels.prefill_attention.compile_check [--arch 90] [--configs '[{"BLOCK_M":128,...}]']
+    python -m kernels.prefill_attention.compile_check [--target sm90|gfx936|...] [--configs '[{"BLOCK_M": 128, ...}]']
 
-For choosing launch parameters before spending device time: registers per thread, spills and shared memory
-per program of each configuration, bf16 and int8 caches, Qwen3.5-27B's head shape (6 q heads per kv head, 256).
+For choosing launch parameters before spending device time: registers per thread, spills, shared memory / LDS
+per program, async copies (sm90: whether the K/V loads were pipelined) of each configuration, bf16 and int8
+caches, Qwen3.5-27B's head shape (6 q heads per kv head, 256). Default configurations: the target's table entry.
+ROCm targets compile for gfx90a, the wave64 target upstream LLVM knows (kernels/decode_attention/compile_check.py).
+The pointer and stride alignment the JIT would see is passed in, so pipelining matches a real launch.
 """
 import argparse
 import json
-import os
 import re
-import subprocess
-import tempfile
 
 import triton
-from triton.backends.compiler import GPUTarget
 
+from ..decode_attention.compile_check import _ptxas_usage, gpu_target
+from . import launch_params
 from .prefill_attention import _prefill_kernel
 
 _PTR = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "ks": "*fp32", "vs": "*fp32", "out": "*bf16", "cu_q": "*i32",
         "seq_lens": "*i32", "block_table": "*i32", "sel": "*i32"}
+# ints the JIT sees as multiples of 16 for Qwen3.5-27B's layout (strides in elements); block_size and stride_btb
+# are not specialized on (do_not_specialize), the scale views' head stride is 1
+_DIV16 = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_kt", "stride_kh", "stride_vb",
+          "stride_vt", "stride_vh")
 
 
-def signature(kv8: bool, group=6, head_dim=256):
-    sig, consts = {}, {}
-    for name in _prefill_kernel.arg_names:
+def _signature(kv8: bool):
+    sig, attrs = {}, {}
+    for i, name in enumerate(_prefill_kernel.arg_names):
         if name.endswith("_ptr"):
             base = name[:-4]
-            t = _PTR[base]
-            if kv8 and base in ("k", "v"):
-                t = "*u8"
-            sig[name] = t
+            sig[name] = "*u8" if kv8 and base in ("k", "v") else _PTR[base]
+            attrs[(i,)] = [["tt.divisibility", 16]]
         elif name == "s_mult_base":
             sig[name] = "fp32"
-        elif name.isupper() or name[0].isupper():
+        elif name[0].isupper() or (kv8 and name in ("stride_ksh", "stride_vsh")):
             sig[name] = "constexpr"
         else:
             sig[name] = "i32"
-    return sig
+            if name in _DIV16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
 
 
-# ints the JIT sees as multiples of 16 for Qwen3.5-27B's layout (strides in elements), and the ones equal to 1
-_DIV16 = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_kt", "stride_kh", "stride_vb",
-          "stride_vt", "stride_vh")  # block_size and stride_btb are not specialized on (do_not_specialize)
-
-
-def _attrs(kv8: bool) -> tuple[dict, dict]:
-    names = _prefill_kernel.arg_names
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr") or n in _DIV16}
-    ones = {"stride_ksh": 1, "stride_vsh": 1} if kv8 else {}
-    return attrs, ones
-
-
-def compile_one(cfg: dict, kv8: bool, arch: int, group=6, head_dim=256, block_size=784):
+def compile_one(target: str, cfg: dict, kv8: bool, group=6, head_dim=256, block_size=784) -> dict:
     cfg = dict(cfg)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+    sig, attrs = _signature(kv8)
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m,
                   BLOCK_Q=block_m // group, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
-                  KV_QUANT=2 if kv8 else 0, FP8_SOFTWARE=False, PTX=kv8, SEQ_FILTER=0)
-    attrs, ones = _attrs(kv8)
-    sig = signature(kv8)
-    for name in ones:
-        sig[name] = "constexpr"
-    consts.update(ones)
-    src = triton.compiler.ASTSource(fn=_prefill_kernel, signature=sig, constexprs=consts, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=cfg)
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(k.asm["ptx"])
-    try:
-        r = subprocess.run([ptxas, f"-arch=sm_{arch}a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    text = r.stderr + r.stdout
-    regs = re.findall(r"Used (\d+) registers", text)
-    spill = re.findall(r"(\d+) bytes spill stores", text)
-    return dict(regs=int(regs[-1]) if regs else None, spill_stores=int(spill[-1]) if spill else None,
-                shared=k.metadata.shared, wgmma="wgmma" in k.asm["ptx"],
-                async_copies=k.asm["ttgir"].count("async_copy_global_to_local"))
+                  KV_QUANT=2 if kv8 else 0, FP8_SOFTWARE=False, PTX=kv8 and target.startswith("sm"), SEQ_FILTER=0,
+                  CODES_F16=False)
+    if kv8:
+        consts.update(stride_ksh=1, stride_vsh=1)
+    gt = gpu_target(target)
+    k = triton.compile(triton.compiler.ASTSource(fn=_prefill_kernel, signature=sig, constexprs=consts, attrs=attrs),
+                       target=gt, options=cfg)
+    report = dict(shared=k.metadata.shared, async_copies=k.asm["ttgir"].count("async_copy_global_to_local"))
+    if "ptx" in k.asm:
+        report.update(_ptxas_usage(k.asm["ptx"], gt.arch))
+    else:
+        gcn = k.asm["amdgcn"]
+
+        def field(name):
+            m = re.search(rf"\.{name}:\s+(\d+)", gcn)
+            return int(m.group(1)) if m else None
+
+        report.update(regs=field("vgpr_count"), spills=field("vgpr_spill_count"))
+    return report
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", type=int, default=90)
-    ap.add_argument("--configs", default=None, help="JSON list of launch dicts")
+    ap.add_argument("--target", default="sm90", help="launch_params target: sm90, gfx936, gfx928, ...")
+    ap.add_argument("--configs", default=None, help="JSON list of launch dicts (default: the target's table entry)")
     a = ap.parse_args()
-    configs = json.loads(a.configs) if a.configs else [
-        dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
-        dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
-        dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
-        dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
-    ]
-    print("| kv | config | regs | spill stores | shared B | wgmma | async copies |")
-    print("|---|---|---:|---:|---:|---|---:|")
-    for kv8 in (False, True):
-        for cfg in configs:
+    if a.configs:
+        configs = [(None, c) for c in json.loads(a.configs)]
+    else:
+        entry = launch_params.get_params(a.target)
+        configs = [("kv16", entry["kv16"]), ("kv8", entry["kv8"])]
+    print("| target | kv | config | regs | spills | shared / LDS B | async copies |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for width, cfg in configs:
+        for kv8 in ((False, True) if width is None else (width == "kv8",)):
             try:
-                r = compile_one(cfg, kv8, a.arch)
-                print(f"| {'8-bit' if kv8 else 'bf16'} | {cfg} | {r['regs']} | {r['spill_stores']} | {r['shared']} | {r['wgmma']} | {r['async_copies']} |",
-                      flush=True)
-            except Exception as e:  # report and go on: a config the compiler rejects is a result too
-                print(f"| {'8-bit' if kv8 else 'bf16'} | {cfg} | error: {type(e).__name__}: {str(e)[:120]} |", flush=True)
+                r = compile_one(a.target, cfg, kv8)
+                print(f"| {a.target} | {'8-bit' if kv8 else 'bf16'} | {cfg} | {r.get('regs')} | {r.get('spills')} | "
+                      f"{r['shared']} | {r['async_copies']} |", flush=True)
+            except Exception as e:  # a configuration the compiler rejects is a result too
+                print(f"| {a.target} | {'8-bit' if kv8 else 'bf16'} | {cfg} | error: {type(e).__name__}: "
+                      f"{str(e)[:120]} | | | |", flush=True)
 
 
 if __name__ == "__main__":

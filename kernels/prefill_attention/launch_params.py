@@ -29,6 +29,10 @@ _POW2 = {"BLOCK_M": (16, 256), "BLOCK_N": (16, 256), "num_warps": (1, 16)}
 #   tile 2.6-2.8x faster than 32-wide there (LDS pressure: ~2 waves per SIMD instead of 1).
 # - num_warps 4 (4 wave64 = 256 lanes), num_stages 1 (no second LDS buffer), matrix_instr_nonkdim 16 for the
 #   16x16x16 MMAC; waves_per_eu 1: LDS, not VGPRs, limits occupancy at these tiles.
+# Compiled for gfx90a (the wave64 proxy; compile_check.py --target gfx936, 2026-12-02): 64x16 / 4 warps 252 VGPRs
+# bf16 (296 8-bit), 32 KiB LDS (the Q tile's layout change), no spills; 64x32 320 VGPRs; 128x16 / 4 warps 380
+# VGPRs and 64 KiB LDS (one workgroup per CU); 128x16 / 8 warps 161 VGPRs but 64 KiB LDS. Sweep on the DCU with
+# bench.py before trusting any of it.
 _DCU = {
     "measured": False,
     "kv16": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,

@@ -2,7 +2,7 @@
 Quantized caches are dequantized as value = code * scale of its (token, head) (docs/kv-cache-layout.md)."""
 import torch
 
-from ..decode_attention.reference import dequantize
+from ..decode_attention.reference import gather_sequence_kv
 
 
 def paged_prefill_reference(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, scale, *, k_scales=None,
@@ -15,8 +15,7 @@ def paged_prefill_reference(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_t
     cu_seqlens_q[num_seqs] stay zero. Returns [num_tokens, q_heads, D] in ``dtype``.
     """
     num_tokens, hq, d = q.shape
-    _, block_size, hkv, _ = k_cache.shape
-    group = hq // hkv
+    group = hq // k_cache.shape[2]
     out = torch.zeros(num_tokens, hq, d, dtype=dtype, device=q.device)
     for s in range(seq_lens.shape[0]):
         q0, q1 = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])
@@ -24,15 +23,10 @@ def paged_prefill_reference(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_t
         q_len = q1 - q0
         if q_len == 0:
             continue
-        pages = block_table[s, : (n + block_size - 1) // block_size].long()
-        if kv_quant is None:
-            k = k_cache[pages].to(dtype)
-            v = v_cache[pages].to(dtype)
-        else:
-            k = dequantize(k_cache[pages], k_scales[pages], kv_quant, dtype)
-            v = dequantize(v_cache[pages], v_scales[pages], kv_quant, dtype)
-        k = k.reshape(-1, hkv, d)[:n].repeat_interleave(group, dim=1)  # [n, hq, d]
-        v = v.reshape(-1, hkv, d)[:n].repeat_interleave(group, dim=1)
+        k, v = gather_sequence_kv(k_cache, v_cache, block_table[s], n, k_scales=k_scales, v_scales=v_scales,
+                                  kv_quant=kv_quant, dtype=dtype)
+        k = k.repeat_interleave(group, dim=1)  # [n, hq, d]
+        v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,nhd->htn", q[q0:q1].to(dtype), k) * scale
         q_pos = torch.arange(n - q_len, n, device=q.device)
         visible = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]  # [q_len, n]
