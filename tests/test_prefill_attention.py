@@ -333,3 +333,28 @@ def test_kernel_compiles_for_sm90_with_bf16_and_8bit_caches():
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| bf16 |") or line.startswith("| 8-bit |")]
     assert len(rows) == 8 and not any("error" in r for r in rows), proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["gfx936", "sm90"])
+def test_table_entries_compile_within_the_targets_limits(target):
+    # compiled for the real target (gfx90a stands in for the DCU's wave64), not run, in a process without the
+    # interpreter: the DCU entries were chosen on paper, so at least they must fit 64 KiB of LDS without spilling;
+    # the H200's fit its 227 KiB and pipeline their K/V loads
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "kernels.prefill_attention.compile_check", "--target", target,
+                           "--json"], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)
+    assert [r["kv"] for r in rows] == ["bf16", "8-bit"]
+    for r in rows:
+        assert "error" not in r, r
+        if target.startswith("gfx"):
+            assert r["shared"] <= 65536 and r["spills"] == 0, r
+        else:
+            assert r["shared"] <= 232448 and r["async_copies"] > 0, r

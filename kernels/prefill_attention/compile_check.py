@@ -75,23 +75,31 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="sm90", help="launch_params target: sm90, gfx936, gfx928, ...")
     ap.add_argument("--configs", default=None, help="JSON list of launch dicts (default: the target's table entry)")
+    ap.add_argument("--json", action="store_true", help="print one JSON list of result rows instead of the table")
     a = ap.parse_args()
     if a.configs:
         configs = [(None, c) for c in json.loads(a.configs)]
     else:
         entry = launch_params.get_params(a.target)
         configs = [("kv16", entry["kv16"]), ("kv8", entry["kv8"])]
-    print("| target | kv | config | regs | spills | shared / LDS B | async copies |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    rows = []
+    if not a.json:
+        print("| target | kv | config | regs | spills | shared / LDS B | async copies |")
+        print("|---|---|---|---:|---:|---:|---:|")
     for width, cfg in configs:
         for kv8 in ((False, True) if width is None else (width == "kv8",)):
+            row = dict(target=a.target, kv="8-bit" if kv8 else "bf16", config=cfg)
             try:
-                r = compile_one(a.target, cfg, kv8)
-                print(f"| {a.target} | {'8-bit' if kv8 else 'bf16'} | {cfg} | {r.get('regs')} | {r.get('spills')} | "
-                      f"{r['shared']} | {r['async_copies']} |", flush=True)
+                row.update(compile_one(a.target, cfg, kv8))
             except Exception as e:  # a configuration the compiler rejects is a result too
-                print(f"| {a.target} | {'8-bit' if kv8 else 'bf16'} | {cfg} | error: {type(e).__name__}: "
-                      f"{str(e)[:120]} | | | |", flush=True)
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append(row)
+            if not a.json:
+                print(f"| {a.target} | {row['kv']} | {cfg} | {row.get('regs')} | {row.get('spills')} | "
+                      f"{row.get('shared')} | {row.get('async_copies')} |" if "error" not in row else
+                      f"| {a.target} | {row['kv']} | {cfg} | error: {row['error'][:120]} | | | |", flush=True)
+    if a.json:
+        print(json.dumps(rows))
 
 
 if __name__ == "__main__":
