@@ -358,3 +358,26 @@ def test_table_entries_compile_within_the_targets_limits(target):
             assert r["shared"] <= 65536 and r["spills"] == 0, r
         else:
             assert r["shared"] <= 232448 and r["async_copies"] > 0, r
+
+
+@pytest.mark.slow
+def test_bench_dry_run_writes_its_table(tmp_path):
+    # the benchmark's whole flow on the CPU at toy shapes (its numbers mean nothing there), with the baselines
+    # loaded from a stand-in unified_attention file and the --kv filter
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ua = tmp_path / "ua.py"
+    ua.write_text("def unified_attention(**kw):\n    kw['out'].zero_()\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "kernels.prefill_attention.bench", "--dry-run", "--quick",
+                           "--ua-file", str(ua), "--history", "0,40", "--chunk", "20", "--kv", "bf16,int8",
+                           "--out", str(tmp_path)], cwd=Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(next(tmp_path.glob("*-prefill-attention-dry-run.json")).read_text())
+    assert [(r["history"], r["kv"]) for r in doc["rows"]] == [(0, "bf16"), (0, "int8"), (40, "bf16"), (40, "int8")]
+    bad = subprocess.run([sys.executable, "-m", "kernels.prefill_attention.bench", "--dry-run", "--kv", "int8"],
+                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "must include bf16" in bad.stderr

@@ -243,9 +243,13 @@ def main(argv=None):
     ap.add_argument("--history", default="0,4096,16384,32768")
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--quick", action="store_true", help="no sweep: the launch_params table's entry")
+    ap.add_argument("--kv", default=",".join(DTYPES), help=f"KV variants to time (default all: {','.join(DTYPES)})")
     ap.add_argument("--dry-run", action="store_true", help="CPU, toy shapes, Triton interpreter")
     a = ap.parse_args(argv)
     histories = [int(x) for x in a.history.split(",")]
+    kvs = [x for x in a.kv.split(",") if x]
+    if not kvs or set(kvs) - set(DTYPES) or "bf16" not in kvs:
+        sys.exit(f"error: --kv takes names from {', '.join(DTYPES)} and must include bf16 (the ratios' base)")
     if a.dry_run:
         if os.environ.get("TRITON_INTERPRET") != "1":
             sys.exit("error: --dry-run needs TRITON_INTERPRET=1 in the environment (Triton picks the interpreter "
@@ -280,7 +284,7 @@ def main(argv=None):
     rows = []
     for h in histories:
         for name, (kind, software, mirror) in DTYPES.items():
-            if DEV == "cpu" and name == "fp8_hw":
+            if name not in kvs or (DEV == "cpu" and name == "fp8_hw"):
                 continue
             case = make_case(h, a.chunk, kind, software)
             params = best["kv16" if kind is None else "kv8"]
