@@ -318,7 +318,6 @@ def test_bad_mirror_size_setting_fails_at_startup():
         mirror_tokens({MIRROR_ENV: "lots"})
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["gfx936", "sm90"])
 def test_table_entries_compile_within_the_targets_limits(target):
