@@ -28,7 +28,6 @@ from kernels.kv_quant.reference import (  # noqa: E402
     fake_quantize,
     paged_attention_reference,
     quantize_per_token_head,
-    relative_error,
     reshape_and_cache_reference,
 )
 
