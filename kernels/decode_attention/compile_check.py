@@ -13,35 +13,22 @@ TRITON_INTERPRET=1.
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 if __name__ == "__main__" and not __package__:  # run as a file
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     __package__ = "kernels.decode_attention"  # noqa: A001
 
+from ..compile_tools import amdgcn_usage, gpu_target, ptxas_usage  # noqa: E402
 from . import launch_params  # noqa: E402
 
 _PTR = {"q": "*bf16", "k": "*u8", "v": "*u8", "ks": "*fp32", "vs": "*fp32", "block_table": "*i32",
         "seq_lens": "*i32", "out": "*bf16", "ws_o": "*fp32", "ws_lse": "*fp32"}
-_ROCM_PROXY = "gfx90a"
 # (label, KV_QUANT, FP8_SOFTWARE, PTX): what each target can run
 _VARIANTS_CUDA = [("bf16", 0, False, False), ("int8 ptx", 2, False, True), ("fp8-sw ptx", 1, True, True),
                   ("fp8-hw ptx", 1, False, True), ("int8 portable", 2, False, False),
                   ("fp8-sw portable", 1, True, False), ("fp8-hw portable", 1, False, False)]
 _VARIANTS_ROCM = [("bf16", 0, False, False), ("int8", 2, False, False), ("fp8-sw", 1, True, False)]
-
-
-def gpu_target(target: str):
-    from triton.backends.compiler import GPUTarget
-
-    if target.startswith("sm"):
-        return GPUTarget("cuda", int(target[2:]), 32)
-    if target.startswith("gfx") or target == "rocm":
-        return GPUTarget("hip", _ROCM_PROXY, 64)
-    raise ValueError(f"compile_check: no compile target for {target!r} (use sm90, gfx936, gfx928, rocm)")
 
 
 def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launch: dict, group=6,
@@ -72,36 +59,12 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
                             options=launch)
     report = dict(shared=kernel.metadata.shared)
     if "ptx" in kernel.asm:
-        report.update(_ptxas_usage(kernel.asm["ptx"], gpu_target(target).arch),
+        report.update(ptxas_usage(kernel.asm["ptx"], gpu_target(target).arch),
                       barriers=kernel.asm["ptx"].count("bar.sync"))
     else:
-        gcn = kernel.asm["amdgcn"]
-
-        def field(name):
-            m = re.search(rf"\.{name}:\s+(\d+)", gcn)
-            return int(m.group(1)) if m else None
-
-        report.update(regs=field("vgpr_count"), spills=field("vgpr_spill_count"), sgprs=field("sgpr_count"),
-                      barriers=gcn.count("s_barrier"))
+        usage = amdgcn_usage(kernel.asm["amdgcn"])
+        report.update({k: usage[k] for k in ("regs", "spills", "sgprs", "barriers")})
     return report
-
-
-def _ptxas_usage(ptx: str, arch: int) -> dict:
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-        path = f.name
-    try:
-        out = subprocess.run([tool, f"-arch=sm_{arch}a", "-v", path, "-o", os.devnull], capture_output=True,
-                             text=True)
-    finally:
-        os.unlink(path)
-    text = out.stderr + out.stdout
-    regs = re.findall(r"Used (\d+) registers", text)
-    spills = re.findall(r"(\d+) bytes spill stores", text)
-    return dict(regs=int(regs[-1]) if regs else None, spills=int(spills[-1]) if spills else None)
 
 
 def main(argv=None):

@@ -21,6 +21,7 @@ if __name__ == "__main__" and not __package__:  # run as a file
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     __package__ = "kernels.gemv"  # noqa: A001
 
+from ..compile_tools import amdgcn_usage, gpu_target  # noqa: E402
 from . import launch_params  # noqa: E402
 
 # Triton signature of _gemv_kernel (bf16 operands); ints that are multiples of 16 at the real shapes
@@ -29,17 +30,6 @@ _SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "wu_ptr": "*bf16", "b_ptr": "*bf16",
         "M": "i32", "N_OUT": "i32", "K": "i32", "tiles_per_split": "i32",
         "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"}
 _DIV16 = ("x_ptr", "w_ptr", "wu_ptr", "b_ptr", "out_ptr", "ws_ptr", "N_OUT", "K", "stride_xm", "stride_wn", "stride_om")
-_ROCM_PROXY = "gfx90a"
-
-
-def gpu_target(target: str):
-    from triton.backends.compiler import GPUTarget
-
-    if target.startswith("sm"):
-        return GPUTarget("cuda", int(target[2:]), 32)
-    if target.startswith("gfx") or target == "rocm":
-        return GPUTarget("hip", _ROCM_PROXY, 64)
-    raise ValueError(f"compile_check: no compile target for {target!r} (use sm90, gfx936, gfx928, rocm)")
 
 
 def compile_config(cfg: dict, target: str, *, rows_bucket: int, partial=False, silu_mul=False) -> dict:
@@ -67,14 +57,8 @@ def compile_config(cfg: dict, target: str, *, rows_bucket: int, partial=False, s
         report.update(cp_async=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"), ld_v4=ptx.count("ld.global.v4"),
                       mma=ptx.count("mma.sync") + ptx.count("wgmma.mma_async"))
     else:
-        gcn = kernel.asm["amdgcn"]
-
-        def field(name):
-            m = re.search(rf"\.{name}:\s+(\d+)", gcn)
-            return int(m.group(1)) if m else None
-
-        report.update(regs=field("vgpr_count"), sgprs=field("sgpr_count"), spills=field("vgpr_spill_count"),
-                      scratch=field("private_segment_fixed_size"))
+        usage = amdgcn_usage(kernel.asm["amdgcn"])
+        report.update({k: usage[k] for k in ("regs", "sgprs", "spills", "scratch")})
     return report
 
 

@@ -5,16 +5,15 @@
 For choosing launch parameters before spending device time: registers per thread, spills, shared memory / LDS
 per program, async copies (sm90: whether the K/V loads were pipelined) of each configuration, bf16 and int8
 caches, Qwen3.5-27B's head shape (6 q heads per kv head, 256). Default configurations: the target's table entry.
-ROCm targets compile for gfx90a, the wave64 target upstream LLVM knows (kernels/decode_attention/compile_check.py).
+ROCm targets compile for gfx90a, the wave64 target upstream LLVM knows (kernels/compile_tools.py).
 The pointer and stride alignment the JIT would see is passed in, so pipelining matches a real launch.
 """
 import argparse
 import json
-import re
 
 import triton
 
-from ..decode_attention.compile_check import _ptxas_usage, gpu_target
+from ..compile_tools import amdgcn_usage, gpu_target, ptxas_usage
 from . import launch_params
 from .prefill_attention import _prefill_kernel
 
@@ -59,15 +58,10 @@ def compile_one(target: str, cfg: dict, kv8: bool, group=6, head_dim=256, block_
                        target=gt, options=cfg)
     report = dict(shared=k.metadata.shared, async_copies=k.asm["ttgir"].count("async_copy_global_to_local"))
     if "ptx" in k.asm:
-        report.update(_ptxas_usage(k.asm["ptx"], gt.arch))
+        report.update(ptxas_usage(k.asm["ptx"], gt.arch))
     else:
-        gcn = k.asm["amdgcn"]
-
-        def field(name):
-            m = re.search(rf"\.{name}:\s+(\d+)", gcn)
-            return int(m.group(1)) if m else None
-
-        report.update(regs=field("vgpr_count"), spills=field("vgpr_spill_count"))
+        usage = amdgcn_usage(k.asm["amdgcn"])
+        report.update(regs=usage["regs"], spills=usage["spills"])
     return report
 
 

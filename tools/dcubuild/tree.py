@@ -21,7 +21,7 @@ AUTHOR = ("vllm-dcu", "vllm-dcu@users.noreply.github.com")
 PACKAGES = (("kernels", "dcu_kernels"), ("dcu", "dcu"))
 # Benchmark and measurement scripts (run from the repository as `python -m kernels.<x>.bench`) stay out of the
 # wheel; nothing a build runs imports them.
-NOT_INSTALLED = ("bench*.py", "compile_check.py", "numerics.py", "results_io.py")
+NOT_INSTALLED = ("bench*.py", "compile_check.py", "compile_tools.py", "numerics.py", "results_io.py")
 
 
 def git(tree: Path, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:

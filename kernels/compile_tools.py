@@ -1,0 +1,52 @@
+"""Ahead-of-time compilation helpers for the kernels' compile_check scripts (no GPU needed; not in the wheel).
+
+CUDA targets compile for the named sm through the ptxas Triton ships; ROCm targets (the DCU's gfx936 / gfx928)
+for gfx90a, the wave64 target upstream LLVM knows, as their proxy.
+"""
+import os
+import re
+import subprocess
+import tempfile
+
+ROCM_PROXY = "gfx90a"
+
+
+def gpu_target(target: str):
+    """Triton's GPUTarget for a launch_params target name (sm90, gfx936, gfx928, rocm, ...)."""
+    from triton.backends.compiler import GPUTarget
+
+    if target.startswith("sm"):
+        return GPUTarget("cuda", int(target[2:]), 32)
+    if target.startswith("gfx") or target == "rocm":
+        return GPUTarget("hip", ROCM_PROXY, 64)
+    raise ValueError(f"compile_check: no compile target for {target!r} (use sm90, gfx936, gfx928, rocm)")
+
+
+def ptxas_usage(ptx: str, arch: int) -> dict:
+    """Registers and spill-store bytes per thread from ``ptxas -v`` on ``ptx``."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+        path = f.name
+    try:
+        out = subprocess.run([tool, f"-arch=sm_{arch}a", "-v", path, "-o", os.devnull], capture_output=True,
+                             text=True)
+    finally:
+        os.unlink(path)
+    text = out.stderr + out.stdout
+    regs = re.findall(r"Used (\d+) registers", text)
+    spills = re.findall(r"(\d+) bytes spill stores", text)
+    return dict(regs=int(regs[-1]) if regs else None, spills=int(spills[-1]) if spills else None)
+
+
+def amdgcn_usage(gcn: str) -> dict:
+    """VGPRs, SGPRs, VGPR spills, scratch bytes and barriers from a compiled kernel's AMDGCN assembly."""
+
+    def field(name):
+        m = re.search(rf"\.{name}:\s+(\d+)", gcn)
+        return int(m.group(1)) if m else None
+
+    return dict(regs=field("vgpr_count"), sgprs=field("sgpr_count"), spills=field("vgpr_spill_count"),
+                scratch=field("private_segment_fixed_size"), barriers=gcn.count("s_barrier"))
