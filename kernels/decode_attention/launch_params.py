@@ -22,8 +22,9 @@ Keys of an entry:
 ROCm option that a Triton build does not accept. kernels/decode_attention/bench.py measures and
 prints an entry for the device it runs on.
 """
-import json
 import os
+
+from ..targets import parse_override_object, target_for
 
 ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
@@ -91,40 +92,13 @@ PARAMS = {
 }
 
 
-_TARGETS: dict = {}
-
-
 def current_target(device=None) -> str:
     """Key into PARAMS for the device: 'sm90', 'gfx936', ..., or a generic 'cuda' / 'rocm'."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "interpreter"
-    import torch
-
-    index = getattr(device, "index", None) if getattr(device, "type", None) == "cuda" else None
-    if index is None:
-        index = torch.cuda.current_device()
-    if index not in _TARGETS:
-        props = torch.cuda.get_device_properties(index)
-        if torch.version.hip:
-            arch = props.gcnArchName.split(":")[0]
-            _TARGETS[index] = arch if arch in PARAMS else "rocm"
-        else:
-            name = f"sm{props.major}{props.minor}"
-            _TARGETS[index] = name if name in PARAMS else "cuda"
-    return _TARGETS[index]
+    return target_for(PARAMS, device)
 
 
 def _parse_override(text: str) -> dict:
-    try:
-        override = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{ENV_VAR} is not valid JSON ({e.msg} at char {e.pos}): {text!r}") from None
-    if not isinstance(override, dict):
-        raise ValueError(f"{ENV_VAR} must be a JSON object, got {text!r}")
-    allowed = set(_SPLIT_KEYS) | set(_LAUNCH_KEYS) | {"kv16", "kv8"}
-    unknown = sorted(set(override) - allowed)
-    if unknown:
-        raise ValueError(f"{ENV_VAR}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    override = parse_override_object(ENV_VAR, text, set(_SPLIT_KEYS) | set(_LAUNCH_KEYS) | {"kv16", "kv8"})
     for sub in ("kv16", "kv8"):
         if sub in override:
             if not isinstance(override[sub], dict) or set(override[sub]) - set(_LAUNCH_KEYS):

@@ -32,6 +32,8 @@ override re-measures.
 import json
 import os
 
+from ..targets import parse_override_object, target_for
+
 ENV_VAR = "VLLM_DCU_GEMV_PARAMS"
 MAX_ROWS = 8
 ROW_BUCKETS = (1, 2, 4, 8)
@@ -174,27 +176,9 @@ PARAMS = {
     },
 }
 
-_TARGETS: dict = {}
-
-
 def current_target(device=None) -> str:
     """Key into PARAMS for the device: 'sm90', 'gfx936', ..., a generic 'cuda' / 'rocm', or 'interpreter'."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "interpreter"
-    import torch
-
-    index = getattr(device, "index", None) if getattr(device, "type", None) == "cuda" else None
-    if index is None:
-        index = torch.cuda.current_device()
-    if index not in _TARGETS:
-        props = torch.cuda.get_device_properties(index)
-        if torch.version.hip:
-            arch = props.gcnArchName.split(":")[0]
-            _TARGETS[index] = arch if arch in PARAMS else "rocm"
-        else:
-            name = f"sm{props.major}{props.minor}"
-            _TARGETS[index] = name if name in PARAMS else "cuda"
-    return _TARGETS[index]
+    return target_for(PARAMS, device)
 
 
 def _is_pow2(v) -> bool:
@@ -241,17 +225,8 @@ def check_config(cfg: dict, where: str, rocm: bool | None = None, rows: int | No
 
 
 def _parse_override(text: str) -> dict:
-    try:
-        override = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{ENV_VAR} is not valid JSON ({e.msg} at char {e.pos}): {text!r}") from None
-    if not isinstance(override, dict):
-        raise ValueError(f"{ENV_VAR} must be a JSON object, got {text!r}")
     allowed = set(_SPLIT_KEYS) | set(_LAUNCH_KEYS) | {"rows", "silu_rows", "shapes"}
-    unknown = sorted(set(override) - allowed)
-    if unknown:
-        raise ValueError(f"{ENV_VAR}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-    return override
+    return parse_override_object(ENV_VAR, text, allowed)
 
 
 def _bucket_dicts(val, where: str) -> dict:

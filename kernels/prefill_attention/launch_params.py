@@ -12,10 +12,9 @@ the Triton launch for 2-byte (bf16/fp16) and 1-byte (fp8/int8 per-token-head) ca
 not accept). Read once per target and override text; a bad value fails at startup naming what is allowed.
 ``python -m kernels.prefill_attention.bench`` sweeps them on the device it runs on and prints an entry.
 """
-import json
 import os
 
-from ..decode_attention.launch_params import current_target
+from ..targets import parse_override_object, target_for
 
 ENV_VAR = "VLLM_DCU_PREFILL_PARAMS"
 _LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim")
@@ -69,21 +68,17 @@ PARAMS = {
 }
 
 
+def current_target(device=None) -> str:
+    """Key into PARAMS for the device: 'sm90', 'gfx936', ..., a generic 'cuda' / 'rocm', or 'interpreter'."""
+    return target_for(PARAMS, device)
+
+
 def _fail(where: str, msg: str):
     raise ValueError(f"{where}: {msg}")
 
 
 def _parse_override(text: str) -> dict:
-    try:
-        override = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{ENV_VAR} is not valid JSON ({e.msg} at char {e.pos}): {text!r}") from None
-    if not isinstance(override, dict):
-        raise ValueError(f"{ENV_VAR} must be a JSON object, got {text!r}")
-    allowed = set(_LAUNCH_KEYS) | {"kv16", "kv8"}
-    unknown = sorted(set(override) - allowed)
-    if unknown:
-        raise ValueError(f"{ENV_VAR}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    override = parse_override_object(ENV_VAR, text, set(_LAUNCH_KEYS) | {"kv16", "kv8"})
     for sub in ("kv16", "kv8"):
         if sub in override and (not isinstance(override[sub], dict) or set(override[sub]) - set(_LAUNCH_KEYS)):
             raise ValueError(f"{ENV_VAR}: '{sub}' must be an object with keys from {list(_LAUNCH_KEYS)}")

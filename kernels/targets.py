@@ -1,0 +1,48 @@
+"""Which launch-parameter entry a device uses, and the JSON override every kernel's launch_params reads.
+
+Each kernel family keeps its own table (``PARAMS`` in its launch_params.py) keyed by target: an exact arch
+('sm90', 'gfx936', ...), a generic 'cuda' / 'rocm' for archs it has no entry for, or 'interpreter' (Triton's
+CPU interpreter, TRITON_INTERPRET=1).
+"""
+import json
+import os
+
+_ARCH: dict = {}  # device index -> 'sm90' / 'gfx936' / ...
+
+
+def device_arch(device=None) -> str:
+    """'interpreter', or the device's arch: 'sm<major><minor>' on CUDA, the gcnArchName's base on ROCm."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "interpreter"
+    import torch
+
+    index = getattr(device, "index", None) if getattr(device, "type", None) == "cuda" else None
+    if index is None:
+        index = torch.cuda.current_device()
+    if index not in _ARCH:
+        props = torch.cuda.get_device_properties(index)
+        _ARCH[index] = props.gcnArchName.split(":")[0] if torch.version.hip else f"sm{props.major}{props.minor}"
+    return _ARCH[index]
+
+
+def target_for(known, device=None) -> str:
+    """The key into a table with the keys ``known`` for the device: its arch if known, else 'rocm' / 'cuda'."""
+    arch = device_arch(device)
+    if arch == "interpreter" or arch in known:
+        return arch
+    return "rocm" if arch.startswith("gfx") else "cuda"
+
+
+def parse_override_object(env_var: str, text: str, allowed) -> dict:
+    """``text`` (the value of ``env_var``) as a JSON object whose keys are all in ``allowed``; ValueError naming
+    the variable otherwise."""
+    try:
+        override = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{env_var} is not valid JSON ({e.msg} at char {e.pos}): {text!r}") from None
+    if not isinstance(override, dict):
+        raise ValueError(f"{env_var} must be a JSON object, got {text!r}")
+    unknown = sorted(set(override) - set(allowed))
+    if unknown:
+        raise ValueError(f"{env_var}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    return override
