@@ -198,11 +198,13 @@ def test_installed_packages_leave_benchmarks_in_the_repository(tmp_path):
     kernels = tmp_path / "vllm" / "dcu_kernels"
     assert (kernels / "gemv" / "gemv.py").is_file() and (tmp_path / "vllm" / "dcu" / "gemv.py").is_file()
     shipped = [p.name for p in kernels.rglob("*.py")]
-    for script in ("bench.py", "bench_attention.py", "compile_check.py", "compile_tools.py", "numerics.py", "results_io.py"):
+    for script in ("bench.py", "bench_attention.py", "compile_check.py", "compile_tools.py", "numerics.py",
+                   "results_io.py"):
         assert script not in shipped
     assert (REPO / "kernels" / "gemv" / "bench.py").is_file()  # still run from the repository
     for f in kernels.rglob("*.py"):  # what ships imports no benchmark module
-        assert not re.search(r"import .*\b(bench\w*|compile_check|compile_tools|numerics|results_io)\b", f.read_text()), f
+        assert not re.search(r"import .*\b(bench\w*|compile_check|compile_tools|numerics|results_io)\b",
+                             f.read_text()), f
     assert tree.install_packages(REPO, tmp_path / "again") == sha
 
 

@@ -18,8 +18,7 @@ import triton_interp_compat  # noqa: E402,F401
 from kernels.decode_attention import decode_attention, launch_params, workspace_numel  # noqa: E402
 from kernels.decode_attention.decode_attention import _codes_to_f16  # noqa: E402
 from kernels.decode_attention.reference import paged_decode_reference  # noqa: E402
-from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache  # noqa: E402
-from kernels.kv_quant.reference import quantize_per_token_head  # noqa: E402
+from kernels.kv_quant.reference import quantized_paged_cache  # noqa: E402
 
 # (max abs error, error norm / reference norm): P and the output are rounded to the query dtype
 TOL = {torch.float16: (2e-3, 1e-3), torch.bfloat16: (4e-2, 1e-2)}
@@ -57,12 +56,7 @@ def make_case(lens, block_size, hq=6, hkv=1, d=32, dtype=torch.float16, kv_quant
         kv[:, 1] = v.to(dtype)
         case.update(k_cache=kv[:, 0], v_cache=kv[:, 1])
     else:
-        kv = torch.zeros(kv_cache_shape(num_blocks, block_size, hkv, d), dtype=torch.uint8)
-        k_codes, v_codes, k_scales, v_scales = split_kv_cache(kv, d)
-        for x, codes, scales in ((k, k_codes, k_scales), (v, v_codes, v_scales)):
-            c, s = quantize_per_token_head(x, kv_quant)
-            codes.copy_(c)
-            scales.copy_(s)
+        k_codes, v_codes, k_scales, v_scales = quantized_paged_cache(k, v, kv_quant)
         case.update(k_cache=k_codes, v_cache=v_codes, k_scales=k_scales, v_scales=v_scales, kv_quant=kv_quant)
     return case
 

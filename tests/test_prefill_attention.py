@@ -16,8 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton_interp_compat  # noqa: E402,F401
 
-from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache  # noqa: E402
-from kernels.kv_quant.reference import quantize_per_token_head  # noqa: E402
+from kernels.kv_quant.reference import quantized_paged_cache  # noqa: E402
 from kernels.prefill_attention import launch_params, prefill_attention  # noqa: E402
 from kernels.prefill_attention.reference import paged_prefill_reference  # noqa: E402
 
@@ -56,12 +55,7 @@ def make_case(chunks, block_size, hq=6, hkv=1, d=32, dtype=torch.bfloat16, kv_qu
         kv[:, 1] = v.to(dtype)
         case.update(k_cache=kv[:, 0], v_cache=kv[:, 1])
     else:
-        kv = torch.zeros(kv_cache_shape(num_blocks, block_size, hkv, d), dtype=torch.uint8)
-        k_codes, v_codes, k_scales, v_scales = split_kv_cache(kv, d)
-        for x, codes, scales in ((k, k_codes, k_scales), (v, v_codes, v_scales)):
-            c, sc = quantize_per_token_head(x, kv_quant)
-            codes.copy_(c)
-            scales.copy_(sc)
+        k_codes, v_codes, k_scales, v_scales = quantized_paged_cache(k, v, kv_quant)
         case.update(k_cache=k_codes, v_cache=v_codes, k_scales=k_scales, v_scales=v_scales, kv_quant=kv_quant)
     return case
 

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .layout import QMAX, split_kv_cache
+from .layout import QMAX, kv_cache_shape, split_kv_cache
 
 MIN_NORMAL_F32 = 2.0**-126
 
@@ -41,6 +41,19 @@ def quantize_per_token_head(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, t
         raise ValueError(f"kind must be 'fp8' or 'int8', got {kind!r}")
     codes = torch.where(nonzero.unsqueeze(-1), codes, torch.zeros_like(codes))
     return codes, scale
+
+
+def quantized_paged_cache(k: torch.Tensor, v: torch.Tensor, kind: str) -> tuple:
+    """K and V ``[num_blocks, block_size, H, D]`` quantized per (token, head) into one cache laid out as vLLM's
+    (``layout.kv_cache_shape``, on their device); returns its views ``(k_codes, v_codes, k_scales, v_scales)``."""
+    num_blocks, block_size, heads, head_dim = k.shape
+    cache = torch.zeros(kv_cache_shape(num_blocks, block_size, heads, head_dim), dtype=torch.uint8, device=k.device)
+    views = split_kv_cache(cache, head_dim)
+    for x, codes, scales in ((k, views[0], views[2]), (v, views[1], views[3])):
+        c, sc = quantize_per_token_head(x, kind)
+        codes.copy_(c)
+        scales.copy_(sc)
+    return views
 
 
 def decode_codes(codes: torch.Tensor, kind: str) -> torch.Tensor:

@@ -17,8 +17,7 @@ import triton.language as tl
 from kernels.decode_attention import decode_attention, launch_params, workspace_numel
 from kernels.decode_attention.decode_attention import _codes_to_f16, _decode_split_kernel, _merge_splits_kernel
 from kernels.decode_attention.reference import paged_decode_reference
-from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
-from kernels.kv_quant.reference import quantize_per_token_head
+from kernels.kv_quant.reference import quantized_paged_cache
 
 pytestmark = pytest.mark.gpu
 da_module = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
@@ -51,12 +50,7 @@ def make_case(lens, block_size, kv_quant=None, seed=0, table_width=None, k_mag=2
         kv = torch.stack([k, v], dim=1).to(torch.bfloat16)
         case.update(k_cache=kv[:, 0], v_cache=kv[:, 1])
     else:
-        kv = torch.zeros(kv_cache_shape(num_blocks, block_size, HKV, D), dtype=torch.uint8, device=DEV)
-        views = split_kv_cache(kv, D)
-        for x, codes, scales in ((k, views[0], views[2]), (v, views[1], views[3])):
-            c, s = quantize_per_token_head(x, kv_quant)
-            codes.copy_(c)
-            scales.copy_(s)
+        views = quantized_paged_cache(k, v, kv_quant)
         case.update(k_cache=views[0], v_cache=views[1], k_scales=views[2], v_scales=views[3], kv_quant=kv_quant)
     return case
 

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from dcu import prefill_attention as route
-from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
-from kernels.kv_quant.reference import quantize_per_token_head
+from kernels.kv_quant.reference import quantized_paged_cache
 from kernels.prefill_attention import prefill_attention
 from kernels.prefill_attention.reference import paged_prefill_reference
 
@@ -49,12 +48,7 @@ def make_case(chunks, kv_quant=None, seed=0, block_size=None, q_mag=1.0, k_mag=2
         kv = torch.stack([k, v], dim=1).to(torch.bfloat16)
         case.update(k=kv[:, 0], v=kv[:, 1])
     else:
-        kv = torch.zeros(kv_cache_shape(num_blocks, block_size, HKV, D), dtype=torch.uint8, device=DEV)
-        views = split_kv_cache(kv, D)
-        for x, codes, scales in ((k, views[0], views[2]), (v, views[1], views[3])):
-            c, s = quantize_per_token_head(x, kv_quant)
-            codes.copy_(c)
-            scales.copy_(s)
+        views = quantized_paged_cache(k, v, kv_quant)
         case.update(k=views[0], v=views[1], k_scales=views[2], v_scales=views[3], kv_quant=kv_quant)
     return case
 
