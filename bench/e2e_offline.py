@@ -215,9 +215,9 @@ def main() -> int:
             res = dict(name=cfg["name"], variant=cfg["variant"], backend=cfg["backend"], kv=cfg["kv"], failed=True,
                        log_tail=tail)
         elif args.compile_log:
-            res["compiles"] = {k: len(v) for k, v in compiles_by_phase(stderr).items()}
-            res["compiled_after_start"] = sorted({k for ph, ks in compiles_by_phase(stderr).items()
-                                                  if ph != "start" for k in ks})
+            phases = compiles_by_phase(stderr)
+            res["compiles"] = {k: len(v) for k, v in phases.items()}
+            res["compiled_after_start"] = sorted({k for ph, ks in phases.items() if ph != "start" for k in ks})
         results.append(res)
         md = write(results)
     print(md, flush=True)

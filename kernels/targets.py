@@ -46,3 +46,13 @@ def parse_override_object(env_var: str, text: str, allowed) -> dict:
     if unknown:
         raise ValueError(f"{env_var}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
     return override
+
+
+def cached_entry(cache: dict, env_var: str, build, target: str, override: str | None = None) -> dict:
+    """``build(target, text)`` once per (target, override text), the text being ``override`` or, when that is None,
+    the value of ``env_var``; later calls return the same (validated, not to be modified) dict."""
+    text = os.environ.get(env_var, "") if override is None else override
+    key = (target, text)
+    if key not in cache:
+        cache[key] = build(target, text)
+    return cache[key]

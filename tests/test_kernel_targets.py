@@ -22,3 +22,17 @@ def test_override_errors_name_the_variable(text, msg):
     with pytest.raises(ValueError, match=msg):
         targets.parse_override_object("VAR", text, {"a"})
     assert targets.parse_override_object("VAR", '{"a": 2}', {"a"}) == {"a": 2}
+
+
+def test_entries_are_built_once_per_target_and_override(monkeypatch):
+    built, cache = [], {}
+
+    def build(target, text):
+        built.append((target, text))
+        return {"t": target, "text": text}
+
+    monkeypatch.setenv("VAR", '{"a": 1}')
+    first = targets.cached_entry(cache, "VAR", build, "sm90")
+    assert first == {"t": "sm90", "text": '{"a": 1}'} and targets.cached_entry(cache, "VAR", build, "sm90") is first
+    assert targets.cached_entry(cache, "VAR", build, "sm90", override="")["text"] == ""
+    assert built == [("sm90", '{"a": 1}'), ("sm90", "")]

@@ -22,9 +22,8 @@ Keys of an entry:
 ROCm option that a Triton build does not accept. kernels/decode_attention/bench.py measures and
 prints an entry for the device it runs on.
 """
-import os
 
-from ..targets import parse_override_object, target_for
+from ..targets import cached_entry, parse_override_object, target_for
 
 ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
@@ -130,11 +129,7 @@ _CACHE: dict = {}
 def get_params(target: str, override: str | None = None) -> dict:
     """The entry for ``target`` with ``VLLM_DCU_DECODE_PARAMS`` (or ``override``) applied; validated.
     Callers must not modify the returned dict (it is cached per target and override text)."""
-    text = os.environ.get(ENV_VAR, "") if override is None else override
-    key = (target, text)
-    if key not in _CACHE:
-        _CACHE[key] = _build_params(target, text)
-    return _CACHE[key]
+    return cached_entry(_CACHE, ENV_VAR, _build_params, target, override)
 
 
 def _build_params(target: str, text: str) -> dict:

@@ -30,9 +30,8 @@ with one error naming the key. The dispatch's cache is keyed by the entry in eff
 override re-measures.
 """
 import json
-import os
 
-from ..targets import parse_override_object, target_for
+from ..targets import cached_entry, parse_override_object, target_for
 
 ENV_VAR = "VLLM_DCU_GEMV_PARAMS"
 MAX_ROWS = 8
@@ -244,11 +243,7 @@ _CACHE: dict = {}
 def get_params(target: str, override: str | None = None) -> dict:
     """The entry for ``target`` with ``VLLM_DCU_GEMV_PARAMS`` (or ``override``) applied; validated.
     Callers must not modify the returned dict (it is cached per target and override text)."""
-    text = os.environ.get(ENV_VAR, "") if override is None else override
-    key = (target, text)
-    if key not in _CACHE:
-        _CACHE[key] = _build_params(target, text)
-    return _CACHE[key]
+    return cached_entry(_CACHE, ENV_VAR, _build_params, target, override)
 
 
 def _build_params(target: str, text: str) -> dict:

@@ -12,9 +12,8 @@ the Triton launch for 2-byte (bf16/fp16) and 1-byte (fp8/int8 per-token-head) ca
 not accept). Read once per target and override text; a bad value fails at startup naming what is allowed.
 ``python -m kernels.prefill_attention.bench`` sweeps them on the device it runs on and prints an entry.
 """
-import os
 
-from ..targets import parse_override_object, target_for
+from ..targets import cached_entry, parse_override_object, target_for
 
 ENV_VAR = "VLLM_DCU_PREFILL_PARAMS"
 _LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim")
@@ -109,11 +108,7 @@ _CACHE: dict = {}
 def get_params(target: str, override: str | None = None) -> dict:
     """The entry for ``target`` with ``VLLM_DCU_PREFILL_PARAMS`` (or ``override``) applied, validated and cached.
     Callers must not modify the returned dict."""
-    text = os.environ.get(ENV_VAR, "") if override is None else override
-    key = (target, text)
-    if key not in _CACHE:
-        _CACHE[key] = _build(target, text)
-    return _CACHE[key]
+    return cached_entry(_CACHE, ENV_VAR, _build, target, override)
 
 
 def _build(target: str, text: str) -> dict:
