@@ -70,8 +70,9 @@ def log(msg):
 
 # --- baseline -----------------------------------------------------------------------------------
 
-def _load_ua_file(path):
-    """0.18.1's triton_unified_attention.py with stand-ins for its four vllm imports."""
+def _load_ua_file(path, extra_stubs=None, module_name="ua_baseline_0181"):
+    """0.18.1's triton_unified_attention.py with stand-ins for its four vllm imports (and ``extra_stubs``, module
+    name -> stand-in, for a patched file's further imports)."""
     stubs = {
         "vllm": types.ModuleType("vllm"),
         "vllm.logger": types.SimpleNamespace(init_logger=logging.getLogger),
@@ -79,11 +80,12 @@ def _load_ua_file(path):
         "vllm.platforms": types.SimpleNamespace(
             current_platform=types.SimpleNamespace(fp8_dtype=lambda: torch.float8_e4m3fn)),
         "vllm.triton_utils": types.SimpleNamespace(tl=triton.language, triton=triton),
+        **(extra_stubs or {}),
     }
     saved = {k: sys.modules.get(k) for k in stubs}
     sys.modules.update(stubs)
     try:
-        spec = importlib.util.spec_from_file_location("ua_baseline_0181", path)
+        spec = importlib.util.spec_from_file_location(module_name, path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     finally:

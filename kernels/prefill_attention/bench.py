@@ -23,7 +23,6 @@ the script itself; its numbers mean nothing.
 import argparse
 import datetime
 import importlib.util
-import logging
 import math
 import os
 import shlex
@@ -82,44 +81,30 @@ def load_unified_attention(path, block_m=None):
     patched file's ``vllm.dcu_kernels`` imports resolve to this repository's kernels); ``block_m`` sets patch
     0005's VLLM_DCU_PREFILL_BLOCK_M while the module is loaded (it is read at import)."""
     from .. import fp8_e4m3
+    from ..decode_attention.bench import _load_ua_file
     from ..kv_quant import dequant
 
-    stubs = {
-        "vllm": types.ModuleType("vllm"),
-        "vllm.logger": types.SimpleNamespace(init_logger=logging.getLogger),
-        "vllm.model_executor.layers.batch_invariant": types.SimpleNamespace(vllm_is_batch_invariant=lambda: False),
-        "vllm.platforms": types.SimpleNamespace(
-            current_platform=types.SimpleNamespace(fp8_dtype=lambda: torch.float8_e4m3fn)),
-        "vllm.triton_utils": types.SimpleNamespace(tl=triton.language, triton=triton),
+    extra = {  # the series' file imports patch 0002's conversions from vllm.dcu_kernels
         "vllm.dcu_kernels": types.ModuleType("vllm.dcu_kernels"),
         "vllm.dcu_kernels.fp8_e4m3": fp8_e4m3,
         "vllm.dcu_kernels.kv_quant": types.ModuleType("vllm.dcu_kernels.kv_quant"),
         "vllm.dcu_kernels.kv_quant.dequant": dequant,
     }
-    saved = {k: sys.modules.get(k) for k in stubs}
     env = os.environ.get("VLLM_DCU_PREFILL_BLOCK_M")
-    sys.modules.update(stubs)
     if block_m:
         os.environ["VLLM_DCU_PREFILL_BLOCK_M"] = str(block_m)
     else:
         os.environ.pop("VLLM_DCU_PREFILL_BLOCK_M", None)
     try:
-        spec = importlib.util.spec_from_file_location(f"ua_bench_bm{block_m or 'up'}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        unified_attention = _load_ua_file(path, extra, f"ua_bench_bm{block_m or 'up'}")
     finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
         if env is None:
             os.environ.pop("VLLM_DCU_PREFILL_BLOCK_M", None)
         else:
             os.environ["VLLM_DCU_PREFILL_BLOCK_M"] = env
-    if hasattr(mod.unified_attention, "dcu_upstream"):
+    if hasattr(unified_attention, "dcu_upstream"):
         sys.exit(f"error: {path} carries patch 0006's router; give the series' file without 0006")
-    return mod.unified_attention
+    return unified_attention
 
 
 # --- cases --------------------------------------------------------------------------------------
