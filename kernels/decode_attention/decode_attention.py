@@ -154,6 +154,20 @@ def _pow2_fp16_scale(q):
 
 
 @triton.jit
+def _q_for_codes(q, KV_QUANT: tl.constexpr):
+    """q for fp16 products with 8-bit codes (exact in fp16, see _codes_to_f16): scaled by a power of two into
+    fp16's range (_pow2_fp16_scale). Returns (q in fp16, the factor S needs to undo that scale and the codes'
+    unit, the codes' unit: int8 codes are value / 128, e4m3 codes value / 256)."""
+    q32 = q.to(tl.float32)
+    q_s, q_inv_s = _pow2_fp16_scale(q32)
+    if KV_QUANT == 2:
+        code_unit = 128.0
+    else:
+        code_unit = 256.0
+    return (q32 * q_s).to(tl.float16), code_unit * q_inv_s, code_unit
+
+
+@triton.jit
 def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.constexpr,
              PAGE_GE_TILE: tl.constexpr):
     """(physical page, slot) of each token of KV tile ``tile``; tokens past ``last`` read ``last``."""
@@ -222,14 +236,8 @@ def _decode_split_kernel(
     if KV_QUANT != 0:
         # 8-bit caches: fp16 products (every code is exact in fp16, see _codes_to_f16), q scaled
         # by a power of two into fp16's range; the factors come back out of S in s_mult.
-        q32 = q.to(tl.float32)
-        q_s, q_inv_s = _pow2_fp16_scale(q32)
-        q = (q32 * q_s).to(tl.float16)
-        if KV_QUANT == 2:
-            code_unit = 128.0
-        else:
-            code_unit = 256.0
-        s_mult = scale_log2 * code_unit * q_inv_s
+        q, s_factor, code_unit = _q_for_codes(q, KV_QUANT)
+        s_mult = scale_log2 * s_factor
         # running V factor of acc (acc holds values / (u_i * code_unit)) and the largest V scale seen so far
         u_i = tl.full([], _MIN_NORMAL_F32, dtype=tl.float32)
         u_top = tl.zeros([], dtype=tl.float32)

@@ -39,7 +39,7 @@ from ..decode_attention.decode_attention import (
     _U_FLOOR,
     _codes_to_f16,
     _kv_rows,
-    _pow2_fp16_scale,
+    _q_for_codes,
     _use_ptx,
 )
 from ..fp8_e4m3 import use_software_fp8
@@ -179,14 +179,8 @@ def _prefill_kernel(
         qo_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + q_offs, mask=qo_mask, other=0.0)
     if KV_QUANT != 0:
-        q32 = q.to(tl.float32)
-        q_s, q_inv_s = _pow2_fp16_scale(q32)
-        q = (q32 * q_s).to(tl.float16)
-        if KV_QUANT == 2:
-            code_unit = 128.0
-        else:
-            code_unit = 256.0
-        s_mult = s_mult_base * code_unit * q_inv_s
+        q, s_factor, code_unit = _q_for_codes(q, KV_QUANT)
+        s_mult = s_mult_base * s_factor
     else:
         s_mult = s_mult_base
 
