@@ -56,3 +56,18 @@ def cached_entry(cache: dict, env_var: str, build, target: str, override: str | 
     if key not in cache:
         cache[key] = build(target, text)
     return cache[key]
+
+
+_NUM_CUS: dict = {}  # device index -> multiprocessors (CUDA) / compute units (ROCm)
+
+
+def num_compute_units(device) -> int:
+    """SMs / CUs of a GPU device (1 for anything else, e.g. the CPU under Triton's interpreter); read once."""
+    if device.type != "cuda":
+        return 1
+    import torch
+
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _NUM_CUS:
+        _NUM_CUS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _NUM_CUS[idx]

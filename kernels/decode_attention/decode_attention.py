@@ -59,6 +59,7 @@ import triton.language as tl
 
 from ..fp8_e4m3 import e4m3_bits_to_f32_hw, use_software_fp8
 from ..paged_kv import check_block_table, check_one_device, check_q_and_cache
+from ..targets import num_compute_units
 from . import launch_params
 
 _LOG2E = 1.4426950408889634
@@ -347,8 +348,6 @@ def _merge_splits_kernel(
     tl.store(out_ptr + seq * stride_ob + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-_NUM_CUS: dict = {}
-
 # None: PTX code conversions on CUDA (not under the interpreter), portable Triton ops elsewhere.
 # Tests set it to False to run the portable path on a CUDA GPU.
 PTX_CONVERSIONS = None
@@ -360,21 +359,12 @@ def _use_ptx(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and launch_params.current_target(device) != "interpreter"
 
 
-def _num_compute_units(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _NUM_CUS:
-        _NUM_CUS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _NUM_CUS[idx]
-
-
 def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8):
     target = launch_params.current_target(device)
     entry = launch_params.get_params(target)
     launch = dict(entry["kv8" if kv8 else "kv16"])
     if num_splits is None:
-        splits = launch_params.num_splits(batch, num_kv_heads, _num_compute_units(device), entry)
+        splits = launch_params.num_splits(batch, num_kv_heads, num_compute_units(device), entry)
         min_split = entry["min_split_tokens"]
     else:
         splits, min_split = int(num_splits), 1  # exactly min(num_splits, tiles) splits per sequence

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..targets import num_compute_units
 from . import launch_params
 
 _DOT_ROWS = 16  # rows of the x tile on the dot path (smallest tl.dot M)
@@ -162,18 +163,6 @@ def _reduce_splits_kernel(
     tl.store(out_ptr + m * stride_om + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_NUM_CUS: dict = {}
-
-
-def _num_compute_units(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _NUM_CUS:
-        _NUM_CUS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _NUM_CUS[idx]
-
-
 def _fail(msg: str):
     raise ValueError(f"gemv: {msg}")
 
@@ -241,7 +230,7 @@ def gemv(x, weight, bias=None, *, silu_mul=False, out=None, config=None):
     n_tiles = triton.cdiv(n_out, block_n)
     k_tiles = triton.cdiv(k, block_k)
     if forced_split is None:
-        splits = launch_params.num_splits(n_tiles, k, block_k, _num_compute_units(x.device),
+        splits = launch_params.num_splits(n_tiles, k, block_k, num_compute_units(x.device),
                                           launch_params.get_params(launch_params.current_target(x.device)))
     else:
         splits = max(1, min(int(forced_split), k_tiles))
