@@ -39,13 +39,15 @@ def enabled(env=None) -> bool:
 
 
 def _kernels():
-    try:  # inside the wheel
-        from vllm.dcu_kernels.kv_quant.layout import kv_quant_kind
+    """(prefill_attention, MAX_GROUP, the kv_quant layout module) from the wheel's vllm.dcu_kernels, or from the
+    repository's kernels/ when this module is imported from the repository (tests)."""
+    try:
+        from vllm.dcu_kernels.kv_quant import layout
         from vllm.dcu_kernels.prefill_attention import MAX_GROUP, prefill_attention
-    except ImportError:  # the repository (tests)
-        from kernels.kv_quant.layout import kv_quant_kind
+    except ImportError:
+        from kernels.kv_quant import layout
         from kernels.prefill_attention import MAX_GROUP, prefill_attention
-    return prefill_attention, MAX_GROUP, kv_quant_kind
+    return prefill_attention, MAX_GROUP, layout
 
 
 def unsupported(kw: dict) -> str | None:
@@ -127,8 +129,8 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     device = torch.device(device)
     if not enabled() or device.type != "cuda" or dtype not in _DTYPES or head_size > MAX_HEAD_SIZE:
         return None
-    prefill_attention, max_group, kv_quant_kind = _kernels()
-    kv_quant = kv_quant_kind(cache_dtype)
+    prefill_attention, max_group, layout = _kernels()
+    kv_quant = layout.kv_quant_kind(cache_dtype)
     if kv_quant is None and cache_dtype not in ("auto", "bfloat16", "float16"):
         return None
     if num_heads_q % num_heads_kv or num_heads_q // num_heads_kv > max_group:
@@ -137,7 +139,8 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     if key in _WARM:
         return 0.0
     t0 = time.perf_counter()
-    # a chunk after a history that spills into a second page (long enough for the 8-bit caches' bf16 mirror),
+    # a chunk after a history that spills into a second page (long enough to fill the 8-bit caches' mirror; every
+    # 8-bit batch launches the same mirror and attention kernels, so the lengths only need to be valid),
     # and a decode row (the 8-bit caches' direct path)
     lens, chunks = [block_size + 37, 5], [67, 1]
     num_blocks = sum(-(-n // block_size) for n in lens) + 1
@@ -156,13 +159,9 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
         k, v = kv.unbind(1)
         scales = {}
     else:
-        try:
-            from vllm.dcu_kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
-        except ImportError:
-            from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
-        raw = torch.randint(0, 120, kv_cache_shape(num_blocks, block_size, num_heads_kv, head_size),
+        raw = torch.randint(0, 120, layout.kv_cache_shape(num_blocks, block_size, num_heads_kv, head_size),
                             dtype=torch.uint8, device=device)
-        k, v, ks, vs = split_kv_cache(raw, head_size)
+        k, v, ks, vs = layout.split_kv_cache(raw, head_size)
         ks.fill_(0.01)
         vs.fill_(0.01)
         scales = dict(k_scales=ks, v_scales=vs)

@@ -135,10 +135,10 @@ def _compiled():
 def test_warmup_compiles_everything_later_batches_need(monkeypatch, cache_dtype, kv_quant):
     # the engine's shape as the metadata builder passes it; then batches of every kind a server sees. The router
     # must warm this checkout's kernel module (not an installed vllm.dcu_kernels copy) for the count to mean it.
-    from kernels.kv_quant.layout import kv_quant_kind
+    from kernels.kv_quant import layout
     from kernels.prefill_attention import MAX_GROUP
 
-    monkeypatch.setattr(route, "_kernels", lambda: (prefill_attention, MAX_GROUP, kv_quant_kind))
+    monkeypatch.setattr(route, "_kernels", lambda: (prefill_attention, MAX_GROUP, layout))
     route.warmup(HQ, HKV, D, torch.bfloat16, cache_dtype, BLOCK[kv_quant], DEV)
     before = _compiled()
     for i, chunks in enumerate(([(4096, 0)], [(4096, 8192)], [(37, 9000), (1, 5)], [(1, 3)] * 3 + [(4000, 33)])):
