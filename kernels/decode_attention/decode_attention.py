@@ -23,29 +23,23 @@ plain bit move (no subnormal special case) and int8 -> fp16 a byte permute and o
 S: q is multiplied by a power of two that puts max|q| at 2^12 (exact, undone in S), so q x code
 products stay below 2^13 x 1.75 whatever |K| is (|K| 6e4 and beyond: the K scale and the power of
 two go into S's float32 column factor after the dot).
-P: the V scales multiply P's columns relative to the tile's largest V scale u (P stays in [0, 1],
-fp16's normal range covers its useful part for V of any magnitude); u is carried in a running
-factor of the accumulator (acc holds output / (u x code unit); when the next tile's u differs, acc
-is rescaled by old u / new u together with the softmax rescale) and multiplied back in at the end,
-before the partial output goes to the workspace, so stage 2 merges true float32 values. u never
-drops below 2^-64 of the largest V scale the program has seen (nor below the smallest normal
-float32), so an all-zero tile (scales 0) divides nothing by zero and acc stays below ~1.75 x 2^64 x the
-split's token count for any finite V.
-Changed 2026-12 (issue #15): the kernel used to put V scale x code unit itself into fp16 P, which
-lost heads with |V| ~ 1e-6 to fp16 subnormals (5-9% error on the H200) and saturated P at 65504 for
-|V| above ~65000 (int8) / ~114000 (fp8) (22% at 1e5). Now 1e-2 of a float64 reference on the
-dequantized cache for |V| in 1e-6..1e37 and |K| up to 6e4 (tests/test_decode_attention.py,
-tests/gpu/test_decode_attention_gpu.py). Cost per tile (8-bit only; bf16 caches unchanged): one max
-reduction over the tile's BLOCK_N V scales, one float32 division and a few scalar ops, BLOCK_N
-multiplies for the scale ratios and BLOCK_H for the rescale; per element P takes one multiply as
-before and loses the old min(, 65504). Against the tile's BLOCK_N x head_dim code loads and two
-16 x BLOCK_N x head_dim dots this should be within noise (expected <= 2-3%). Compiled without a
-GPU (``python -m kernels.decode_attention.compile_check``, table entries): sm90 kv8 (BLOCK_N 64,
-2 stages; already at 255 registers and spilling) 3 more barriers per tile (the max reduction crosses
-warps) and spill stores 412 -> 452 B with PTX conversions (432 -> 556 B portable); gfx90a (the DCU
-proxy, BLOCK_N 32 in one wave64) no new barrier, VGPRs 256 / 223 -> 256 / 228 (int8 / fp8 software),
-spills 6 -> 5. To be measured on the H200 with ``python -m kernels.decode_attention.bench``
-(ci/gpu/plans/equivalence.jobs runs it on the kernel before and after in one call).
+V: each key's V factor (V scale x code unit x 2^-8, so V = fp16 code x factor x 2^8) goes into its score as
+log2(factor): the running max m is taken over t = score + log2(factor), P' = exp2(t - m) = P x factor is in [0, 1]
+for V of any magnitude and goes to the dot with the fp16 codes, acc sums P' x codes (bounded by the key count),
+and l sums the softmax's own exp2(score - m + 32) (an exponential of its own: a key whose P' underflows, such as
+a zero-V key next to |V| ~1e37, still carries probability). V scales are floored at 2^-64 in the log (a zero
+scale's codes are all 0), so log2(factor) lies in [-65, ~120] and l (kept x 2^32) in [2^-88, 2^117] for up to
+2^20 keys, clear of float32's flush-to-zero and overflow; the partial output (acc / l x 2^40) and the
+log-sum-exp (m + log2 l - 32) are true values for stage 2. Per tile this costs one log2 per key, one add and
+one more exponential per (row, key); no reduction beyond the row max the softmax has anyway.
+Changed 2026-12 (issue #15): the kernel used to put V scale x code unit itself into fp16 P, which lost heads
+with |V| ~ 1e-6 to fp16 subnormals (5-9% error on the H200) and saturated P at 65504 for |V| above ~65000
+(int8) / ~114000 (fp8) (22% at 1e5). A first fix kept P in [0, 1] by dividing the V scales by the tile's
+largest and carrying that factor in acc: right, but 1.09x / 1.5-1.75x slower at batch 64 / 16 on the H200 (a
+cross-warp max per tile, spills); this scheme measured 1.04-1.08x of the old kernel's time (geomean per 8-bit
+dtype, bench/results/2026-12-02-h200-device-runs-2.md) before l got its own exponential. Accuracy: 1e-2 of a
+float64 reference on the dequantized cache for |V| in 1e-6..1e37 and |K| up to 6e4
+(tests/test_decode_attention.py, tests/gpu/test_decode_attention_gpu.py).
 Scores are not clamped: |q . k x scale| must stay within float32 (the prefill kernel saturates S
 at +-3e38 for inputs beyond that).
 Rows past the end of a sequence re-read its last token instead of being masked, so the K/V loads
@@ -68,8 +62,12 @@ _MERGE_SPLITS = 64  # splits merged per step in stage 2
 _MERGE_DIM = 64  # head_dim columns per stage-2 program (more programs, fewer serial loads)
 _KV_QUANT = {None: 0, "fp8": 1, "int8": 2}
 # constexpr: the compiler (unlike the interpreter) refuses plain Python globals inside a kernel
-_MIN_NORMAL_F32 = tl.constexpr(1.1754943508222875e-38)  # V scales are 0 or normal (kv_quant reference)
-_U_FLOOR = tl.constexpr(5.421010862427522e-20)  # 2^-64: acc's V factor never drops below this x largest V scale
+# 8-bit caches (docstring): log2 of the V factor is at least -65 (V scales floored at 2^-64) and at most ~120
+# (bf16's largest V); l is kept x 2^32, so with P' = exp2(score + log2 factor - m) it stays within [2^-88, 2^117]
+# for up to 2^20 keys, clear of float32's flush-to-zero and overflow
+_V_SCALE_FLOOR = tl.constexpr(5.421010862427522e-20)  # 2^-64
+_L_SHIFT = tl.constexpr(32.0)
+_KV8_OUT_FACTOR = tl.constexpr(1099511627776.0)  # 2^40 = 2^8 (the V factor's) x 2^32 (l's)
 
 
 @triton.jit
@@ -139,6 +137,17 @@ def _codes_to_f16(codes, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX
         return ((x + (x & 0x80)) << 7).to(tl.float16, bitcast=True)
     else:
         return (e4m3_bits_to_f32_hw(codes) * 0.00390625).to(tl.float16)
+
+
+@triton.jit
+def _v_scale_log2(v_scale, KV_QUANT: tl.constexpr):
+    """log2 of each key's V factor: V scale x code unit x 2^-8 (V = fp16 code x factor x 2^8), the V scale floored
+    at 2^-64 (a zero scale's codes are all 0, so its factor never shows)."""
+    if KV_QUANT == 2:
+        bias = -1.0  # log2(128) - 8
+    else:
+        bias = 0.0  # log2(256) - 8
+    return tl.log2(tl.maximum(v_scale, _V_SCALE_FLOOR)) + bias
 
 
 @triton.jit
@@ -237,11 +246,8 @@ def _decode_split_kernel(
     if KV_QUANT != 0:
         # 8-bit caches: fp16 products (every code is exact in fp16, see _codes_to_f16), q scaled
         # by a power of two into fp16's range; the factors come back out of S in s_mult.
-        q, s_factor, code_unit = _q_for_codes(q, KV_QUANT)
+        q, s_factor, _ = _q_for_codes(q, KV_QUANT)
         s_mult = scale_log2 * s_factor
-        # running V factor of acc (acc holds values / (u_i * code_unit)) and the largest V scale seen so far
-        u_i = tl.full([], _MIN_NORMAL_F32, dtype=tl.float32)
-        u_top = tl.zeros([], dtype=tl.float32)
     dot_dtype = q.dtype
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -272,44 +278,44 @@ def _decode_split_kernel(
         s = tl.dot(q, tl.trans(k))
         if KV_QUANT != 0:
             k_scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh)
+            v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
             s = s * (k_scale * s_mult)[None, :]
         else:
             s = s * scale_log2
         s = tl.where(n_mask[None, :], s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if KV_QUANT != 0:
+            # V factor folded into the score as its log (docstring): the running max is over t = score + log2(V
+            # factor), P' = exp2(t - m) <= 1 goes to the dot with the codes, l sums exp2(score - m + 32) (its own
+            # exponential: a key whose P' underflows can still carry probability, e.g. a zero-V key)
+            t = s + _v_scale_log2(v_scale, KV_QUANT)[None, :]
+            m_new = tl.maximum(m_i, tl.max(t, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(tl.exp2(s - m_new[:, None] + _L_SHIFT), axis=1)
+            p = tl.exp2(t - m_new[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
 
         v_row = phys * stride_vb + slot * stride_vt + kv_head * stride_vh
         v = tl.load(v_ptr + v_row[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
         if KV_QUANT != 0:
             v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX, V_PURE)
-            v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
-            # P in [0, 1] in fp16: V scales relative to the tile's largest (u_new), which goes into acc's factor.
-            # u_new is floored at 2^-64 of the largest scale seen (and at the smallest normal float32), so an
-            # all-zero tile divides nothing by 0 and the rescale ratio u_i / u_new stays <= 2^64 (see docstring).
-            t_max = tl.max(v_scale, axis=0)
-            u_top = tl.maximum(u_top, t_max)
-            u_new = tl.maximum(tl.maximum(t_max, u_top * _U_FLOOR), _MIN_NORMAL_F32)
-            inv_u = 1.0 / u_new  # one division per tile; the columns and the rescale multiply
-            p = p * (v_scale * inv_u)[None, :]
-            alpha = alpha * (u_i * inv_u)
-            u_i = u_new
         acc = acc * alpha[:, None] + tl.dot(p.to(dot_dtype), v)
         m_i = m_new
 
     o = acc / l_i[:, None]
+    lse = m_i + tl.log2(l_i)
     if KV_QUANT != 0:
-        # true values (float32) before the workspace: stage 2 merges splits whose factors differ
-        o = o * (u_i * code_unit)
+        o = o * _KV8_OUT_FACTOR  # acc: values x 2^-8 (_v_scale_log2); l_i: the softmax's sum x 2^32
+        lse = lse - _L_SHIFT
     if n_splits == 1:
         tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=hd_mask)
     else:
         row = (seq * max_splits + split) * num_q_heads + q_heads
         tl.store(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=hd_mask)
-        tl.store(ws_lse_ptr + row, m_i + tl.log2(l_i), mask=h_mask)
+        tl.store(ws_lse_ptr + row, lse, mask=h_mask)
 
 
 @triton.jit(do_not_specialize=["max_splits", "min_split_tokens"])

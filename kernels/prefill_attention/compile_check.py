@@ -50,7 +50,7 @@ def compile_one(target: str, cfg: dict, kv8: bool, group=6, head_dim=256, block_
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m,
                   BLOCK_Q=block_m // group, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
                   KV_QUANT=2 if kv8 else 0, FP8_SOFTWARE=False, PTX=kv8 and target.startswith("sm"), SEQ_FILTER=0,
-                  CODES_F16=False)
+                  MIRROR=False)
     if kv8:
         consts.update(stride_ksh=1, stride_vsh=1)
     gt = gpu_target(target)

@@ -20,11 +20,11 @@ shortens the tail of a launch.
 Quantized caches (kv_quant "fp8" / "int8", docs/kv-cache-layout.md): uint8 codes become fp16 exactly
 (e4m3 value / 256, int8 value / 128; the decode kernel's conversions, PTX on CUDA) and both products run in
 fp16. Q is multiplied by a power of two that puts max|q| of the tile at 2^12 (exact; undone in S). The K
-scales multiply the columns of S. The V scales multiply the columns of P after dividing by the tile's
-largest V scale, so P stays in [0, 1] in fp16 (no overflow for any finite V); that largest scale is carried
-in the accumulator's running factor, not in P, and the factor never drops below 2^-64 of the largest V scale
-seen (nor below the smallest normal float32): an all-zero V tile (scales 0) after large V used to rescale acc
-by ~1e3 / 1e-38 = inf. Each 8-bit tile is converted once per query tile (BLOCK_M rows share it).
+scales multiply the columns of S. The V scales enter as the decode kernel's: log2 of each key's V factor is
+added to its score for the running max, so P' = P x factor stays in [0, 1] in fp16 for any finite V; the 8-bit
+accumulator is not normalized (it sums P' x codes, bounded by the key count) and l, with its own exponential,
+divides it at the end (decode_attention.py's docstring has the ranges). Each 8-bit tile is converted once per
+query tile (BLOCK_M rows share it); long chunks read a 16-bit mirror instead (below).
 
 Grid: ``(num_tokens // BLOCK_Q + num_seqs, kv_heads)``; a program finds its sequence by binary search over
 ``cu_seqlens_q`` (no host sync, so the launch needs only host-known sizes). Programs past the last tile
@@ -35,12 +35,13 @@ import triton
 import triton.language as tl
 
 from ..decode_attention.decode_attention import (
-    _MIN_NORMAL_F32,
-    _U_FLOOR,
+    _KV8_OUT_FACTOR,
+    _L_SHIFT,
     _codes_to_f16,
     _kv_rows,
     _q_for_codes,
     _use_ptx,
+    _v_scale_log2,
 )
 from ..fp8_e4m3 import use_software_fp8
 from ..paged_kv import check_block_table, check_one_device, check_q_and_cache
@@ -69,17 +70,18 @@ def _find_seq(cu_q_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _attend_tile(
-    tile, q, m_i, l_i, acc, u_i, u_top, q_pos,
+    tile, q, m_i, l_i, acc, q_pos,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
     offs_n, offs_d,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
     CAUSAL: tl.constexpr, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
-    CODES_F16: tl.constexpr,
+    MIRROR: tl.constexpr,
 ):  # fmt: skip
-    """One BLOCK_N tile of keys for all rows: online-softmax update of (m_i, l_i, acc, u_i, u_top). CODES_F16: the
-    8-bit codes were converted to fp16 already (the mirror), so the tiles go to the matrix unit as loaded."""
+    """One BLOCK_N tile of keys for all rows: online-softmax update of (m_i, l_i, acc). MIRROR: the tiles come
+    from the mirror of an 8-bit cache (K as exact fp16 codes + scales, V as bf16 values) and go to the matrix
+    unit as loaded."""
     phys, slot = _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N, PAGE_GE_TILE)
     if HEAD_DIM == BLOCK_D:
         d_mask = None
@@ -91,7 +93,7 @@ def _attend_tile(
     k_off = phys * stride_kb + slot * stride_kt + kv_head * stride_kh
     k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=d_mask, other=d_other)
     if KV_QUANT != 0:
-        if not CODES_F16:
+        if not MIRROR:
             k = _codes_to_f16(k, KV_QUANT, FP8_SOFTWARE, PTX)
         k_scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh)
         s = tl.dot(q, k) * (k_scale * s_mult)[None, :]
@@ -102,37 +104,31 @@ def _attend_tile(
     if CAUSAL:
         k_pos = tile * BLOCK_N + offs_n
         s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_new = l_i * alpha + tl.sum(p, axis=1)
-    # acc stays normalized (a convex combination of V rows), so it cannot overflow for any finite V
-    r = 1.0 / l_new
-    rescale = alpha * l_i * r
 
     v_off = phys * stride_vb + slot * stride_vt + kv_head * stride_vh
     d_mask_v = None if HEAD_DIM == BLOCK_D else offs_d[None, :] < HEAD_DIM
     v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=d_mask_v, other=d_other)
-    if KV_QUANT != 0:
-        if not CODES_F16:
-            v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX)
+    if KV_QUANT != 0 and not MIRROR:
+        # the decode kernel's scheme: the running max is over t = score + log2(V factor), so P' = exp2(t - m) <= 1 in
+        # fp16 for V of any magnitude; acc sums P' x codes (bounded by the key count), l sums exp2(score - m + 32)
         v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
-        # P in [0, 1] in fp16: V scales relative to this tile's largest, which goes into the running factor u; u
-        # stays >= 2^-64 x the largest scale seen (u_top) and the smallest normal, so an all-zero tile after large
-        # V does not blow acc up by u_i / u_new (it did: inf at |V| ~1e5, then a zero tile)
-        t_max = tl.max(v_scale, axis=0)
-        u_top = tl.maximum(u_top, t_max)
-        u_new = tl.maximum(tl.maximum(t_max, u_top * _U_FLOOR), _MIN_NORMAL_F32)
-        p = p * r[:, None] * (v_scale / u_new)[None, :]
-        acc = acc * (rescale * (u_i / u_new))[:, None]
-        u_i = u_new
-        acc = tl.dot(p.to(tl.float16), v, acc)
-    else:
-        p = p * r[:, None]
-        acc = acc * rescale[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
-    l_i = l_new
-    return m_new, l_i, acc, u_i, u_top
+        t = s + _v_scale_log2(v_scale, KV_QUANT)[None, :]
+        m_new = tl.maximum(m_i, tl.max(t, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(tl.exp2(s - m_new[:, None] + _L_SHIFT), axis=1)
+        v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX)
+        acc = tl.dot(tl.exp2(t - m_new[:, None]).to(tl.float16), v, acc * alpha[:, None])
+    else:  # 16-bit V values (a bf16/fp16 cache, or the mirror's)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_new = l_i * alpha + tl.sum(p, axis=1)
+        # acc stays normalized (a convex combination of V rows), so it cannot overflow for any finite V
+        r = 1.0 / l_new
+        acc = acc * (alpha * l_i * r)[:, None]
+        acc = tl.dot((p * r[:, None]).to(v.dtype), v, acc)
+        l_i = l_new
+    return m_new, l_i, acc
 
 
 # Sizes that change from launch to launch are not specialized on: one compiled kernel per cache layout and
@@ -148,7 +144,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr, SEQ_FILTER: tl.constexpr,
-    CODES_F16: tl.constexpr,
+    MIRROR: tl.constexpr,
 ):  # fmt: skip
     q_block = total_q_blocks - 1 - tl.program_id(0)  # heaviest tiles first
     kv_head = tl.program_id(1)
@@ -179,7 +175,7 @@ def _prefill_kernel(
         qo_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + q_offs, mask=qo_mask, other=0.0)
     if KV_QUANT != 0:
-        q, s_factor, code_unit = _q_for_codes(q, KV_QUANT)
+        q, s_factor, _ = _q_for_codes(q, KV_QUANT)
         s_mult = s_mult_base * s_factor
     else:
         s_mult = s_mult_base
@@ -187,8 +183,6 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    u_i = tl.full([], 1.0, dtype=tl.float32)  # running V-scale factor of acc (8-bit caches)
-    u_top = tl.zeros([], dtype=tl.float32)  # largest V scale seen (floor of u_i)
 
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_btb
     last = seq_len - 1
@@ -196,47 +190,50 @@ def _prefill_kernel(
     # stage 1: keys every row sees (before the tile's first query token), full tiles, no masks
     n_full = (context_len + t0) // BLOCK_N
     for tile in range(0, n_full):
-        m_i, l_i, acc, u_i, u_top = _attend_tile(
-            tile, q, m_i, l_i, acc, u_i, u_top, q_pos,
+        m_i, l_i, acc = _attend_tile(
+            tile, q, m_i, l_i, acc, q_pos,
             k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
             stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
-            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, False, KV_QUANT, FP8_SOFTWARE, PTX, CODES_F16,
+            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, False, KV_QUANT, FP8_SOFTWARE, PTX, MIRROR,
         )  # fmt: skip
     # stage 2: the causal diagonal, up to the tile's last query token
     t_last = tl.minimum(t0 + BLOCK_Q, q_len) - 1
     n_all = tl.cdiv(context_len + t_last + 1, BLOCK_N)
     for tile in range(n_full, n_all):
-        m_i, l_i, acc, u_i, u_top = _attend_tile(
-            tile, q, m_i, l_i, acc, u_i, u_top, q_pos,
+        m_i, l_i, acc = _attend_tile(
+            tile, q, m_i, l_i, acc, q_pos,
             k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
             stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
-            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, True, KV_QUANT, FP8_SOFTWARE, PTX, CODES_F16,
+            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, True, KV_QUANT, FP8_SOFTWARE, PTX, MIRROR,
         )  # fmt: skip
 
-    if KV_QUANT != 0:
-        o = acc * (u_i * code_unit)
+    if KV_QUANT != 0 and not MIRROR:
+        o = acc / l_i[:, None] * _KV8_OUT_FACTOR  # acc: values x 2^-8 (_v_scale_log2), l: sum x 2^32
     else:
         o = acc
     o_offs = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=qo_mask)
 
-# --- 8-bit caches: an fp16 mirror for long chunks ---------------------------------------------------------------
+# --- 8-bit caches: a 16-bit mirror for long chunks -------------------------------------------------------------
 # A chunk of many query tokens converts each 8-bit K/V tile once per query tile when it reads the cache directly
 # (on the H200 the converted tile also goes through shared memory again for the matrix unit). For chunks of at
-# least MIRROR_MIN_QUERY tokens it is cheaper to convert the sequence's codes once per launch into a scratch
-# "mirror" (pages of MIRROR_PAGE tokens: the codes as their exact fp16 values, the float32 scales beside them)
-# and run the kernel over it with no conversion: the tiles reach the matrix unit as loaded, the scales still
-# multiply S and P, so the result is the direct path's to rounding. The extra traffic is one read of the 8-bit
-# cache and one write + read of the mirror per launch, small against the attention's arithmetic. Decode rows,
-# short chunks and sequences that do not fit the mirror read the 8-bit cache directly (a second launch).
+# least MIRROR_MIN_QUERY tokens it is cheaper to convert the sequence once per launch into a scratch "mirror"
+# (pages of MIRROR_PAGE tokens) and run the kernel over it with no conversion. K keeps its codes as their exact
+# fp16 values with the float32 scales beside them (the scales multiply S's columns: a K rounded to bf16 moved
+# scores by up to 8.5% of a softmax weight at |K| ~3e4 on the H200); V is stored dequantized in bf16, one
+# rounding as in a bf16 cache, so P x V is the bf16 path's (any finite V fits bf16's range). The extra traffic is
+# one read of the 8-bit cache and one write + read of the mirror per launch, small against the attention's
+# arithmetic. Decode rows, short chunks and sequences that do not fit the mirror read the 8-bit cache directly (a
+# second launch).
 MIRROR_MIN_QUERY = 64
 MIRROR_PAGE = 256
 MIRROR_ENV = "VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS"
 MIRROR_DEFAULT_TOKENS = 32768  # one 32K sequence; 128 MiB for 4 kv heads x 256 (fp16 codes + float32 scales)
 _MIRROR_BLOCK_S = 128
 _MIRROR_BLOCK_T = 32
+_BF16_MAX = tl.constexpr(3.3895313892515355e38)
 
 
 @triton.jit(do_not_specialize=["num_seqs", "table_width", "min_query", "cap_pages", "stride_mtab"])
@@ -271,7 +268,7 @@ def _plan_mirror_kernel(cu_q_ptr, seq_lens_ptr, sel_ptr, mtab_ptr, owner_ptr, nu
 
 @triton.jit(do_not_specialize=["block_size", "stride_btb"])
 def _mirror_kernel(
-    k_ptr, v_ptr, ks_ptr, vs_ptr, block_table_ptr, seq_lens_ptr, owner_ptr, mk_ptr, mv_ptr, msk_ptr, msv_ptr,
+    k_ptr, v_ptr, ks_ptr, vs_ptr, block_table_ptr, seq_lens_ptr, owner_ptr, mk_ptr, mv_ptr, msk_ptr,
     block_size, stride_btb,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
@@ -279,8 +276,8 @@ def _mirror_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, PAGE: tl.constexpr,
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
 ):  # fmt: skip
-    """BLOCK_T tokens of one kv head of one mirror page: its owner's codes as exact fp16 values and their scales.
-    The grid covers the whole mirror (fixed size); free pages return at once."""
+    """BLOCK_T tokens of one kv head of one mirror page: its owner's K codes as exact fp16 values with their scales,
+    its V as bf16 values. The grid covers the whole mirror (fixed size); free pages return at once."""
     mpage = tl.program_id(0) // (PAGE // BLOCK_T)
     kv_head = tl.program_id(1)
     owner = tl.load(owner_ptr + mpage)
@@ -301,21 +298,24 @@ def _mirror_kernel(
     mask = t_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     m_off = (mpage.to(tl.int64) * stride_mb + (tok % PAGE) * stride_mt + kv_head * stride_mh)[:, None] + offs_d[None, :]
     ms_off = mpage.to(tl.int64) * stride_msb + (tok % PAGE) * stride_mst + kv_head * stride_msh
-    for which in tl.static_range(2):
-        if which == 0:
-            codes = tl.load(k_ptr + (phys * stride_kb + slot * stride_kt + kv_head * stride_kh)[:, None]
-                            + offs_d[None, :], mask=mask, other=0)
-            scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh)
-            dst = mk_ptr
-            dst_s = msk_ptr
-        else:
-            codes = tl.load(v_ptr + (phys * stride_vb + slot * stride_vt + kv_head * stride_vh)[:, None]
-                            + offs_d[None, :], mask=mask, other=0)
-            scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
-            dst = mv_ptr
-            dst_s = msv_ptr
-        tl.store(dst + m_off, _codes_to_f16(codes, KV_QUANT, FP8_SOFTWARE, PTX), mask=mask)
-        tl.store(dst_s + ms_off, scale, mask=t_ok)
+    # K: the codes as exact fp16 values and their scales (the scores need every bit: |K| x |q| can be large)
+    codes = tl.load(k_ptr + (phys * stride_kb + slot * stride_kt + kv_head * stride_kh)[:, None] + offs_d[None, :],
+                    mask=mask, other=0)
+    tl.store(mk_ptr + m_off, _codes_to_f16(codes, KV_QUANT, FP8_SOFTWARE, PTX), mask=mask)
+    tl.store(msk_ptr + ms_off, tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh),
+             mask=t_ok)
+    # V: the dequantized values in bf16 (one rounding, as a bf16 cache has; bf16's range holds any V), saturated
+    # at bf16's largest finite value
+    codes = tl.load(v_ptr + (phys * stride_vb + slot * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :],
+                    mask=mask, other=0)
+    v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
+    if KV_QUANT == 2:
+        unit = 128.0
+    else:
+        unit = 256.0
+    vals = _codes_to_f16(codes, KV_QUANT, FP8_SOFTWARE, PTX).to(tl.float32) * (v_scale * unit)[:, None]
+    vals = tl.minimum(tl.maximum(vals, -_BF16_MAX), _BF16_MAX)
+    tl.store(mv_ptr + m_off, vals.to(mv_ptr.dtype.element_ty), mask=mask)
 
 
 _MIRRORS: dict = {}
@@ -336,14 +336,14 @@ def mirror_tokens(env=None) -> int:
 
 
 def _mirror_buffer(device, num_heads_kv, head_dim, tokens):
-    """The mirror of this shape on this device, allocated once: fp16 codes [pages, 2, MIRROR_PAGE, kv_heads,
-    head_dim] and float32 scales [pages, 2, MIRROR_PAGE, kv_heads] (K, V)."""
+    """The mirror of this shape on this device, allocated once: [pages, 2, MIRROR_PAGE, kv_heads, head_dim] 16-bit
+    (K's fp16 codes, V's bf16 values) and K's float32 scales [pages, MIRROR_PAGE, kv_heads]."""
     pages = tokens // MIRROR_PAGE
     key = (str(device), num_heads_kv, head_dim, pages)
     if key not in _MIRRORS:
         _MIRRORS[key] = (
             torch.empty(pages, 2, MIRROR_PAGE, num_heads_kv, head_dim, dtype=torch.float16, device=device),
-            torch.empty(pages, 2, MIRROR_PAGE, num_heads_kv, dtype=torch.float32, device=device),
+            torch.empty(pages, MIRROR_PAGE, num_heads_kv, dtype=torch.float32, device=device),
         )
     return _MIRRORS[key]
 
@@ -364,7 +364,7 @@ def _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table,
 
 
 def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
-            software_fp8, launch, sel=None, seq_filter=0, codes_f16=False):
+            software_fp8, launch, sel=None, seq_filter=0, mirror=False):
     num_tokens, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
@@ -389,7 +389,7 @@ def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens
         GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
         KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8),
-        PTX=kv_quant is not None and _use_ptx(q.device), SEQ_FILTER=seq_filter, CODES_F16=codes_f16, **launch,
+        PTX=kv_quant is not None and _use_ptx(q.device), SEQ_FILTER=seq_filter, MIRROR=mirror, **launch,
     )  # fmt: skip
 
 
@@ -439,9 +439,9 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
         cu_seqlens_q, seq_lens, sel, mtab, owner, num_seqs, width, MIRROR_MIN_QUERY, buf.shape[0], mtab.stride(0),
         PAGE=MIRROR_PAGE, BLOCK_S=_MIRROR_BLOCK_S, BLOCK_W=64, num_warps=4,
     )  # fmt: skip
-    mk, mv, msk, msv = buf[:, 0], buf[:, 1], buf_s[:, 0], buf_s[:, 1]
+    mk, mv, msk = buf[:, 0], buf[:, 1].view(torch.bfloat16), buf_s
     _mirror_kernel[(buf.shape[0] * (MIRROR_PAGE // _MIRROR_BLOCK_T), hkv)](
-        k_cache, v_cache, k_scales, v_scales, block_table, seq_lens, owner, mk, mv, msk, msv,
+        k_cache, v_cache, k_scales, v_scales, block_table, seq_lens, owner, mk, mv, msk,
         block_size, block_table.stride(0),
         *k_cache.stride()[:3], *v_cache.stride()[:3], *k_scales.stride(), *v_scales.stride(), *mk.stride()[:3],
         *msk.stride(),
@@ -449,8 +449,8 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
         KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8), PTX=_use_ptx(q.device), num_warps=4,
     )  # fmt: skip
     mirror_launch = mirror_params if mirror_params is not None else entry["kv16"]
-    _attend(q, mk, mv, msk, msv, out, cu_seqlens_q, seq_lens, mtab, scale, kv_quant, software_fp8, mirror_launch,
-            sel, 1, codes_f16=True)
+    _attend(q, mk, mv, msk, msk, out, cu_seqlens_q, seq_lens, mtab, scale, kv_quant, software_fp8, mirror_launch,
+            sel, 1, mirror=True)
     _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
             software_fp8, params, sel, 2)
     return out
