@@ -32,17 +32,13 @@ import sys
 import time
 import types
 
-if __name__ == "__main__" and not __package__:  # run as a file: python kernels/decode_attention/bench.py
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    __package__ = "kernels.decode_attention"  # noqa: A001
+import torch
+import triton
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-from ..kv_quant.layout import kv_cache_shape, split_kv_cache  # noqa: E402
-from . import launch_params  # noqa: E402
-from .decode_attention import decode_attention, workspace_numel  # noqa: E402
-from ..results_io import save_figure, write_text  # noqa: E402
+from ..kv_quant.layout import kv_cache_shape, split_kv_cache
+from . import launch_params
+from .decode_attention import decode_attention, workspace_numel
+from ..results_io import save_figure, write_text
 
 HQ, HKV, D = 24, 4, 256
 BATCHES = (1, 4, 16, 64)

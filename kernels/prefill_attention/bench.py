@@ -29,18 +29,14 @@ import shlex
 import sys
 import types
 
-if __name__ == "__main__" and not __package__:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    __package__ = "kernels.prefill_attention"  # noqa: A001
+import torch
+import triton
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-from ..kv_quant.cache_write import reshape_and_cache_per_token_head  # noqa: E402
-from ..kv_quant.layout import kv_cache_shape, split_kv_cache  # noqa: E402
-from ..results_io import write_result_pair  # noqa: E402
-from . import launch_params  # noqa: E402
-from .prefill_attention import prefill_attention  # noqa: E402
+from ..kv_quant.cache_write import reshape_and_cache_per_token_head
+from ..kv_quant.layout import kv_cache_shape, split_kv_cache
+from ..results_io import write_result_pair
+from . import launch_params
+from .prefill_attention import prefill_attention
 
 HQ, HKV, D = 24, 4, 256
 BLOCK = {"bf16": 784, "int8": 1552, "fp8": 1552}
