@@ -11,7 +11,6 @@ import json
 import math
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +21,7 @@ from bench import logprob_compare as lcmp
 from bench import logprob_eq as leq
 from bench import logprob_tolerance as ltol
 from ci.gpu import scaled_weights as sw
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
-from fake_logprob_llm import FakeLLM  # noqa: E402
+from tests.data.fake_logprob_llm import FakeLLM
 
 # --- scaled dummy weights ------------------------------------------------------------------------------------
 
@@ -571,15 +568,14 @@ def test_gpu_equivalence_test_fails_on_a_broken_backend_with_the_limits_in_the_m
 @pytest.mark.slow
 def test_kv_drift_runs_its_configurations_and_writes_the_report(vllm_tree, monkeypatch, tmp_path):
     # bench/kv_drift.py end to end with a stand-in harness: each configuration's worker is a real process whose
-    # vllm.LLM is the fake engine (a sitecustomize on its PYTHONPATH installs it)
+    # vllm.LLM is the fake engine (a sitecustomize on its PYTHONPATH installs it, from tests/data on the same path)
     import os
 
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(leq.REPO / 'tests' / 'data')!r})\n"
-        "import fake_logprob_llm\nfake_logprob_llm.install()\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    (site / "sitecustomize.py").write_text("import fake_logprob_llm\nfake_logprob_llm.install()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(leq.REPO / "tests" / "data"),
+                                                       os.environ.get("PYTHONPATH", "")]))
     harness = types.SimpleNamespace(HarnessError=type("HarnessError", (Exception,), {}), variants=lambda: ["full"],
                                     variant_env=lambda name, inprocess=True: dict(env))
     monkeypatch.setitem(sys.modules, "vllm_dcu_harness", harness)
