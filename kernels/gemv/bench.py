@@ -57,8 +57,8 @@ def smoke_setup():
     global SHAPES, ROWS, DEV, SMOKE
     SHAPES = [("small-n", 6, 96, False), ("b+silu", 2 * 20, 48, True)]
     ROWS, DEV, SMOKE = (1, 4), "cpu", True
-    # the tests' workarounds for Triton 3.6 interpreter bugs (numpy >= 2.4 loop bounds); the benchmark runs from the
-    # repository root (python -m kernels.gemv.bench), where tests/ is importable
+    # the tests' workarounds for Triton 3.6 interpreter bugs (numpy >= 2.4 loop bounds, bf16 tl.dot); the benchmark
+    # runs from the repository root (python -m kernels.gemv.bench), where tests/ is importable
     import tests.triton_interp_compat  # noqa: F401
 
 

@@ -22,7 +22,6 @@ the script itself; its numbers mean nothing.
 """
 import argparse
 import datetime
-import importlib.util
 import math
 import os
 import shlex
@@ -68,6 +67,9 @@ def dry_run_setup():
     HQ, HKV, D, BLOCK, DEV = 6, 1, 16, {"bf16": 32, "int8": 48, "fp8": 48}, "cpu"
     SWEEP = {k: [dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
                  dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)] for k in SWEEP}
+    # the tests' workarounds for Triton 3.6 interpreter bugs (numpy >= 2.4 loop bounds, bf16 tl.dot); the benchmark
+    # runs from the repository root (python -m kernels.prefill_attention.bench), where tests/ is importable
+    import tests.triton_interp_compat  # noqa: F401
 
 
 # --- baselines ----------------------------------------------------------------------------------
@@ -186,14 +188,6 @@ def rel_err(a, b):
 
 # --- main ---------------------------------------------------------------------------------------
 
-def _load_interpreter_fixes():
-    """tests/triton_interp_compat.py (fixes for two Triton 3.6 interpreter bugs), for --dry-run from a checkout."""
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "triton_interp_compat.py")
-    if os.path.isfile(path):
-        spec = importlib.util.spec_from_file_location("triton_interp_compat", path)
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
-
-
 def sweep(histories, chunk, log):
     best = {}
     for width, configs in SWEEP.items():
@@ -236,7 +230,6 @@ def main(argv=None):
             sys.exit("error: --dry-run needs TRITON_INTERPRET=1 in the environment (Triton picks the interpreter "
                      "when the kernels are imported)")
         dry_run_setup()
-        _load_interpreter_fixes()
     elif not torch.cuda.is_available():
         sys.exit("error: no GPU (use --dry-run to check the script on the CPU)")
     if a.ua_file and not os.path.isfile(a.ua_file):
