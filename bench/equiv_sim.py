@@ -21,7 +21,7 @@ Each comparison runs the stack twice on the same ids with the attention computed
 It reports, per comparison, the attention layers' own relative error eps (error of the attention output against
 the exact attention of the same inputs, RMS over elements) and the logprob drift: the standard deviation over the
 vocabulary of the change of the last position's logprobs, the largest change, KL, and the prompt logprobs' RMS /
-largest change; ``propagation`` = drift std / (logit_std * eps). bench/logprob_eq.py's tolerances bound the
+largest change; ``propagation`` = drift std / (logit_std * eps). bench/logprob_tolerance.py's limits bound the
 linear propagation (``--f64``) and the bf16 re-rounding floor (default) it measures; tests/test_logprob_eq.py
 checks those bounds and the limits against this simulation.
 """

@@ -13,7 +13,7 @@ request per length with the full logprob vector of every sampled position and ea
 Reported per configuration and prompt length, against the reference: the first generated token's largest logprob
 change and KL(ref || other), the worst over the greedy steps compared (while both produce the same tokens, through
 the first difference), the prompt tokens' RMS / largest logprob change, where the tokens first differ, and each
-number next to the limit bench/logprob_eq.py derives from the 8-bit and bf16 rounding (the GPU test's limits).
+number next to the limit bench/logprob_tolerance.py derives from the 8-bit and bf16 rounding (the GPU test's limits).
 Writes <date>-<gpu>-kv-drift.{json,md} into --out (default $OUT or bench/results/; the command on top) and prints
 the table last. Expected: ~45-60 s per configuration on a warm H200 at the defaults (16 layers, 62K prompt
 tokens, 85 full-vocabulary steps), ~3 min for the three.
@@ -29,6 +29,8 @@ import shlex
 import sys
 import time
 from pathlib import Path
+
+from bench import logprob_compare, logprob_eq
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIGS = ["bf16=full:DCU_TRITON_ATTN:auto", "int8=full:DCU_TRITON_ATTN:int8_per_token_head",
@@ -61,7 +63,7 @@ def parse_config(spec: str) -> dict:
     return dict(name=name, variant=variant, backend=backend, kv=kv, env=env)
 
 
-def build_report(command: str, gpu: str, args, specs: list[dict], runs: dict, failed: dict, leq) -> tuple[dict, list]:
+def build_report(command: str, gpu: str, args, specs: list[dict], runs: dict, failed: dict) -> tuple[dict, list]:
     """(JSON document, markdown lines) from the loaded runs; failed: {name: reason} for configurations without
     results."""
     ref = specs[0]["name"]
@@ -70,22 +72,22 @@ def build_report(command: str, gpu: str, args, specs: list[dict], runs: dict, fa
     lines = [f"# KV-cache drift through the engine: 8-bit vs bf16 KV ({gpu})", "", f"Command: `{command}`", "",
              f"{args.layers} layers (Qwen3.5-27B shapes, scaled dummy weights, ci/gpu/scaled_weights.py), greedy, "
              f"{args.steps} steps after the first token; reference `{ref}`. Logprob changes in nats; "
-             "'x / y' = measured / limit of tests/gpu/test_engine_equivalence.py (bench/logprob_eq.py).", ""]
+             "'x / y' = measured / limit of tests/gpu/test_engine_equivalence.py (bench/logprob_tolerance.py).", ""]
     if ref in runs:
-        lines += leq.REPORT_HEADER
+        lines += logprob_compare.REPORT_HEADER
         derivations = []
         for spec in specs[1:]:
             name = spec["name"]
             if name not in runs:
                 continue
-            metrics = leq.compare(runs[ref], runs[name])
-            tol = leq.tolerances_for(runs[ref]["meta"], runs[name]["meta"], metrics)
+            metrics = logprob_compare.compare(runs[ref], runs[name])
+            tol = logprob_compare.tolerances_for(runs[ref]["meta"], runs[name]["meta"], metrics)
             doc["pairs"][f"{name} vs {ref}"] = dict(
                 metrics={str(n): m for n, m in metrics.items()},
                 limits={str(n): t.to_dict() for n, t in tol.items()},
-                ratios={str(n): r for n, r in leq.ratios(metrics, tol).items()},
-                failures=leq.check(metrics, tol))
-            lines += leq.report_rows(f"{name} vs {ref}", metrics, tol)
+                ratios={str(n): r for n, r in logprob_compare.ratios(metrics, tol).items()},
+                failures=logprob_compare.check(metrics, tol))
+            lines += logprob_compare.report_rows(f"{name} vs {ref}", metrics, tol)
             derivations.append(tol[max(tol)].derivation)
         lines += ["", "Limits (at the longest prompt):", ""] + [f"- {d}" for d in derivations]
         lines += ["", "Engine start and time per prompt (s):", "", "| config | start | " +
@@ -113,20 +115,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    leq = _load("logprob_eq", REPO / "bench" / "logprob_eq.py")
     harness = _load("harness", REPO / "ci" / "gpu" / "harness.py")
     try:
         specs = [parse_config(s) for s in (args.configs or DEFAULT_CONFIGS)]
         args.lengths = sorted(int(x) for x in args.lengths.split(","))
         scales = json.loads(args.scales)
-        leq.scales(scales)
+        logprob_eq.scales(scales)
         if len(specs) < 2:
             raise ValueError("give a reference and at least one configuration to compare with it")
         if len({s["name"] for s in specs}) != len(specs):
             raise ValueError("configuration names must differ")
         for s in specs:
-            leq.make_config(s["name"], s["backend"], s["kv"], work=args.work, layers=args.layers,
-                            lengths=args.lengths, steps=args.steps)  # validates
+            logprob_eq.make_config(s["name"], s["backend"], s["kv"], work=args.work, layers=args.layers,
+                                   lengths=args.lengths, steps=args.steps)  # validates
         known = harness.variants()
         for s in specs:
             if s["variant"] not in known:
@@ -136,9 +137,9 @@ def main(argv=None) -> int:
         return 2
     runs, failed = {}, {}
     for s in specs:
-        cfg = leq.make_config(s["name"], s["backend"], s["kv"], work=args.work, layers=args.layers,
-                              lengths=args.lengths, steps=args.steps, seed=args.seed, scales_dict=scales,
-                              env=s["env"])
+        cfg = logprob_eq.make_config(s["name"], s["backend"], s["kv"], work=args.work, layers=args.layers,
+                                     lengths=args.lengths, steps=args.steps, seed=args.seed, scales_dict=scales,
+                                     env=s["env"])
         timeout = args.timeout_s
         if args.deadline_s is not None:
             left = args.deadline_s - (time.monotonic() - t0) - 10
@@ -150,10 +151,10 @@ def main(argv=None) -> int:
         env = harness.variant_env(s["variant"], inprocess=True)
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         t = time.monotonic()
-        ok, text = leq.launch(cfg, env, timeout, Path(args.work) / f"{s['name']}.log")
+        ok, text = logprob_eq.launch(cfg, env, timeout, Path(args.work) / f"{s['name']}.log")
         print(f"kv_drift {s['name']}: {'done' if ok else 'FAILED'} in {time.monotonic() - t:.0f} s", flush=True)
         if ok:
-            runs[s["name"]] = leq.load_run(cfg["out_dir"])
+            runs[s["name"]] = logprob_eq.load_run(cfg["out_dir"])
         else:
             failed[s["name"]] = text
             print(text, flush=True)
@@ -165,7 +166,7 @@ def main(argv=None) -> int:
     except Exception:
         pass
     command = "bash ci/gpu/run.sh python bench/kv_drift.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    doc, lines = build_report(command, gpu, args, specs, runs, failed, leq)
+    doc, lines = build_report(command, gpu, args, specs, runs, failed)
     stem = f"{datetime.date.today().isoformat()}-{gpu.lower().replace('nvidia ', '').replace(' ', '-')}-kv-drift"
     results_io = _load("results_io", REPO / "kernels" / "results_io.py")
     md = results_io.write_result_pair(args.out, stem, doc, lines)

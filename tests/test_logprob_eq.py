@@ -1,6 +1,7 @@
 """The CPU parts of the engine-equivalence work (issue #15): the scaled dummy weights (ci/gpu/scaled_weights.py),
-the tolerance derivation and the comparison / report logic (bench/logprob_eq.py), bench/kv_drift.py's report, and
-the derivation checked against bench/equiv_sim.py's simulation of the same model at reduced width.
+the tolerance derivation (bench/logprob_tolerance.py), the logprob worker on a fake engine (bench/logprob_eq.py),
+the comparison / report logic (bench/logprob_compare.py), bench/kv_drift.py's report, and the derivation checked
+against bench/equiv_sim.py's simulation of the same model at reduced width.
 
 The engines themselves run on a GPU: tests/gpu/test_engine_equivalence.py, bench/kv_drift.py.
 """
@@ -10,18 +11,17 @@ import json
 import math
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from bench import equiv_sim, kv_drift
+from bench import logprob_compare as lcmp
 from bench import logprob_eq as leq
+from bench import logprob_tolerance as ltol
 from ci.gpu import scaled_weights as sw
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
-from fake_logprob_llm import FakeLLM  # noqa: E402
+from tests.data.fake_logprob_llm import FakeLLM
 
 # --- scaled dummy weights ------------------------------------------------------------------------------------
 
@@ -186,7 +186,7 @@ def test_engine_kwargs_use_the_loader_and_a_cheap_engine_start():
 
 
 def test_bf16_kernel_rounding_eps_is_two_u_over_root_3():
-    parts = leq.attention_eps("bf16-kernels", 3.0, 256)
+    parts = ltol.attention_eps("bf16-kernels", 3.0, 256)
     assert parts["eps"] == pytest.approx(2 * 2.0**-8 / math.sqrt(3), rel=1e-12)
 
 
@@ -194,27 +194,27 @@ def test_bf16_kernel_rounding_eps_is_two_u_over_root_3():
 def test_8bit_relative_error_of_a_256_wide_head_comes_from_the_cache_quantizer(kind, lo, hi):
     # int8: step absmax / 127, absmax ~2.9 RMS for 256 Gaussian values: 2.9 / (127 sqrt(12)) ~ 6.6e-3;
     # e4m3: 3 mantissa bits, relative step 2^-3 .. 2^-4 per binade: ~2.6e-2
-    r = leq.quant_rel_error(kind, 256)
+    r = ltol.quant_rel_error(kind, 256)
     assert lo < r < hi
-    parts = leq.attention_eps(kind, 3.0, 256)
+    parts = ltol.attention_eps(kind, 3.0, 256)
     assert parts["k_scores"] == pytest.approx(3.0 * r) and parts["v"] == pytest.approx(r)
     assert parts["eps"] == pytest.approx(math.sqrt((3 * r) ** 2 + r**2 + parts["rounding"] ** 2))
 
 
 def test_limits_scale_with_depth_margin_and_vocabulary():
     kw = dict(vocab=248320, prompt_len=32767, logit_std=3.0, score_std=3.0)
-    t8, t16 = leq.derive("int8", layers=8, **kw), leq.derive("int8", layers=16, **kw)
-    p8 = leq.propagation(8) * t8.eps
-    assert leq.propagation(16) == 2 * leq.propagation(8) == 1.0  # 0.25 per full-attention layer
-    assert leq.rounding_floor(8) == pytest.approx(0.5 * 2.0**-8 * 8)
-    assert t8.sigma == pytest.approx(3.0 * math.hypot(p8, leq.rounding_floor(8)))
+    t8, t16 = ltol.derive("int8", layers=8, **kw), ltol.derive("int8", layers=16, **kw)
+    p8 = ltol.propagation(8) * t8.eps
+    assert ltol.propagation(16) == 2 * ltol.propagation(8) == 1.0  # 0.25 per full-attention layer
+    assert ltol.rounding_floor(8) == pytest.approx(0.5 * 2.0**-8 * 8)
+    assert t8.sigma == pytest.approx(3.0 * math.hypot(p8, ltol.rounding_floor(8)))
     assert t16.sigma == pytest.approx(2 * t8.sigma)  # both terms grow with the depth
-    assert t8.step_max_abs == pytest.approx(2 * leq.z(248320) * t8.sigma + 0.125)  # + one bf16 step at ~19
+    assert t8.step_max_abs == pytest.approx(2 * ltol.z(248320) * t8.sigma + 0.125)  # + one bf16 step at ~19
     assert t8.step_kl == pytest.approx((2 * t8.sigma) ** 2 / 2)
-    assert t8.prompt_max_abs == pytest.approx(2 * leq.z(32767) * t8.sigma + 0.125)
-    assert leq.z(248320) == pytest.approx(math.sqrt(2 * math.log(248320)) + 1.5)
-    assert (leq.bf16_ulp(15.0), leq.bf16_ulp(16.0), leq.bf16_ulp(1.0)) == (0.0625, 0.125, 2.0**-7)
-    bf16, fp8 = leq.derive("bf16-kernels", layers=8, **kw), leq.derive("fp8", layers=8, **kw)
+    assert t8.prompt_max_abs == pytest.approx(2 * ltol.z(32767) * t8.sigma + 0.125)
+    assert ltol.z(248320) == pytest.approx(math.sqrt(2 * math.log(248320)) + 1.5)
+    assert (ltol.bf16_ulp(15.0), ltol.bf16_ulp(16.0), ltol.bf16_ulp(1.0)) == (0.0625, 0.125, 2.0**-7)
+    bf16, fp8 = ltol.derive("bf16-kernels", layers=8, **kw), ltol.derive("fp8", layers=8, **kw)
     assert bf16.step_max_abs < t8.step_max_abs < fp8.step_max_abs
     # the numbers written in tests/gpu/test_engine_equivalence.py's docstring
     assert [round(t.sigma, 3) for t in (bf16, t8, fp8)] == [0.047, 0.058, 0.132]
@@ -224,11 +224,11 @@ def test_limits_scale_with_depth_margin_and_vocabulary():
     assert [round(t.prompt_max_abs, 2) for t in (bf16, t8, fp8)] == [0.7, 0.82, 1.73]
     assert "int8: eps = 0.0224" in t8.derivation
     with pytest.raises(ValueError, match="mode must be one of"):
-        leq.derive("fp4", layers=8, **kw)
+        ltol.derive("fp4", layers=8, **kw)
 
 
 def test_comparison_mode_follows_the_two_kv_dtypes():
-    cm = leq.comparison_mode
+    cm = ltol.comparison_mode
     assert cm({"kv": "auto"}, {"kv": "auto"}) == "bf16-kernels"
     assert cm({"kv": "auto"}, {"kv": "int8_per_token_head"}) == "int8"
     assert cm({"kv": "bfloat16"}, {"kv": "fp8_per_token_head"}) == "fp8"
@@ -258,7 +258,7 @@ def sims():
 
 def _sim_tol(mode, layers, r):
     d = equiv_sim.Dims()
-    return leq.derive(mode, layers=layers, vocab=d.vocab, prompt_len=r["tokens"] - 1, logit_std=3.0, score_std=3.0,
+    return ltol.derive(mode, layers=layers, vocab=d.vocab, prompt_len=r["tokens"] - 1, logit_std=3.0, score_std=3.0,
                       head_dim=d.head_dim)
 
 
@@ -271,8 +271,8 @@ def test_simulated_linear_propagation_and_attention_error_stay_within_their_boun
         where = f"{mode} {layers} layers seed {seed} bf16 {bf16}: {r}"
         if bf16:
             continue
-        assert r["eps"] <= leq.attention_eps(mode, 3.0, d.head_dim)["eps"] * 1.05, where
-        assert r["propagation"] <= leq.propagation(layers), where
+        assert r["eps"] <= ltol.attention_eps(mode, 3.0, d.head_dim)["eps"] * 1.05, where
+        assert r["propagation"] <= ltol.propagation(layers), where
 
 
 @pytest.mark.slow
@@ -285,7 +285,7 @@ def test_simulated_drift_with_bf16_everywhere_stays_within_the_derived_limits(si
         tol = _sim_tol(mode, layers, r)
         where = f"{mode} {layers} layers seed {seed}: {r}"
         if mode == "bf16-kernels":
-            assert r["drift_std"] / 3.0 <= leq.rounding_floor(layers), where
+            assert r["drift_std"] / 3.0 <= ltol.rounding_floor(layers), where
         assert r["drift_std"] <= tol.sigma, where
         assert r["drift_max"] <= tol.step_max_abs, where
         assert r["kl"] <= tol.step_kl, where
@@ -306,10 +306,10 @@ def test_simulated_weights_give_peaked_not_flat_logits_and_far_context_reaches_t
     # the far half of the context (gone from the linear-attention layers' state) moves the last position's
     # logprobs beyond the bf16 kernels' limits, as the GPU test's probe asserts (measured 2-4x the max limit and
     # 20-40x the KL limit at 4-8 layers and 256-1024 tokens)
-    bf16 = leq.derive("bf16-kernels", layers=4, vocab=8192, prompt_len=255, logit_std=3.0, score_std=3.0,
+    bf16 = ltol.derive("bf16-kernels", layers=4, vocab=8192, prompt_len=255, logit_std=3.0, score_std=3.0,
                       head_dim=64)
     assert float((other - ref).abs().max()) > bf16.step_max_abs
-    assert leq._kl(ref.numpy(), other.numpy()) > 10 * bf16.step_kl
+    assert lcmp._kl(ref.numpy(), other.numpy()) > 10 * bf16.step_kl
 
 
 # --- comparison and report -------------------------------------------------------------------------------------
@@ -342,11 +342,11 @@ def _perturbed(run, name, kv, scale, seed=1):
 
 def test_identical_runs_compare_bit_identical_and_pass():
     ref = _run("a", "auto")
-    metrics = leq.compare(ref, _run("b", "auto"))
+    metrics = lcmp.compare(ref, _run("b", "auto"))
     assert all(m["bit_identical"] and m["diverged_at"] is None and m["steps_compared"] == 4 for m in metrics.values())
-    tol = leq.tolerances_for(ref["meta"], ref["meta"], metrics)
-    assert leq.check(metrics, tol) == []
-    assert leq.ratios(metrics, tol)[8]["step_max_abs"] == 0.0
+    tol = lcmp.tolerances_for(ref["meta"], ref["meta"], metrics)
+    assert lcmp.check(metrics, tol) == []
+    assert lcmp.ratios(metrics, tol)[8]["step_max_abs"] == 0.0
 
 
 def test_steps_are_compared_through_the_first_different_token_and_no_further():
@@ -354,18 +354,18 @@ def test_steps_are_compared_through_the_first_different_token_and_no_further():
     other = _run("b", "auto")
     other["lengths"][8]["tokens"][2] += 1  # third sampled token differs: steps 0, 1, 2 share their context
     other["lengths"][8]["logprobs"][3] += 100.0  # after the divergence: different context, never compared
-    m = leq.compare(ref, other)[8]
+    m = lcmp.compare(ref, other)[8]
     assert m["diverged_at"] == 2 and m["steps_compared"] == 3 and m["step_max_abs"] == 0.0
     assert "ref_gap" in m["steps"][-1]
 
 
 def test_drift_beyond_the_limits_fails_with_the_number_and_the_limit():
     ref = _run("a", "auto", lengths=(8,))
-    small = leq.compare(ref, _perturbed(ref, "b", "int8_per_token_head", 1e-3))
-    tol = leq.tolerances_for(ref["meta"], {**ref["meta"], "kv": "int8_per_token_head"}, small)
-    assert leq.check(small, tol) == []
-    big = leq.compare(ref, _perturbed(ref, "b", "int8_per_token_head", 1.0))
-    failures = leq.check(big, tol)
+    small = lcmp.compare(ref, _perturbed(ref, "b", "int8_per_token_head", 1e-3))
+    tol = lcmp.tolerances_for(ref["meta"], {**ref["meta"], "kv": "int8_per_token_head"}, small)
+    assert lcmp.check(small, tol) == []
+    big = lcmp.compare(ref, _perturbed(ref, "b", "int8_per_token_head", 1.0))
+    failures = lcmp.check(big, tol)
     assert any(f.startswith("length 8: step max |d logprob| ") and "> limit" in f for f in failures)
     assert any(f.startswith("length 8: prompt RMS ") for f in failures)
 
@@ -374,15 +374,15 @@ def test_non_finite_logprobs_and_different_prompts_are_caught():
     ref = _run("a", "auto", lengths=(8,))
     bad = _run("b", "auto", lengths=(8,))
     bad["lengths"][8]["logprobs"][1, 3] = np.nan
-    m = leq.compare(ref, bad)
-    tol = leq.tolerances_for(ref["meta"], ref["meta"], m)
-    assert leq.check(m, tol) == ["length 8: non-finite logprobs"]
+    m = lcmp.compare(ref, bad)
+    tol = lcmp.tolerances_for(ref["meta"], ref["meta"], m)
+    assert lcmp.check(m, tol) == ["length 8: non-finite logprobs"]
     other = _run("c", "auto", lengths=(8,))
     other["lengths"][8]["prompt"][0] = 99
     with pytest.raises(ValueError, match="different prompts"):
-        leq.compare(ref, other)
+        lcmp.compare(ref, other)
     with pytest.raises(ValueError, match="different weights"):
-        leq.tolerances_for(ref["meta"], {**ref["meta"], "layers": 4}, m)
+        lcmp.tolerances_for(ref["meta"], {**ref["meta"], "layers": 4}, m)
 
 
 def test_dense_and_prompt_logprobs_from_vllm_flat_and_dict_outputs(vllm_tree):
@@ -460,7 +460,7 @@ def test_kv_drift_report_has_the_command_the_numbers_and_the_limits():
     specs = [kv_drift.parse_config(s) for s in kv_drift.DEFAULT_CONFIGS]
     args = types.SimpleNamespace(layers=8, steps=3, lengths=[8, 12])
     doc, lines = kv_drift.build_report("bash ci/gpu/run.sh python bench/kv_drift.py", "NVIDIA H200", args, specs,
-                                       runs, {"fp8": "skipped: 12 s left before the deadline"}, leq)
+                                       runs, {"fp8": "skipped: 12 s left before the deadline"})
     md = "\n".join(lines)
     assert lines[2] == "Command: `bash ci/gpu/run.sh python bench/kv_drift.py`"
     assert "| int8 vs bf16 | 8 |" in md and "| int8 vs bf16 | 12 |" in md
@@ -500,9 +500,9 @@ def test_worker_writes_runs_that_compare_bit_identical(vllm_tree, monkeypatch, t
     assert run["meta"]["lengths"].keys() == {"25", "40"} and run["meta"]["vocab"] == 4096
     assert run["lengths"][40]["logprobs"].shape == (4, 4096) and run["lengths"][40]["prompt_lp"].shape == (39,)
     assert run["probe"].shape == (4096,)
-    metrics = leq.compare(runs["triton-bf16"], run)
+    metrics = lcmp.compare(runs["triton-bf16"], run)
     assert all(m["bit_identical"] and m["steps_compared"] == 4 for m in metrics.values())
-    assert leq.check(metrics, leq.tolerances_for(runs["triton-bf16"]["meta"], run["meta"], metrics)) == []
+    assert lcmp.check(metrics, lcmp.tolerances_for(runs["triton-bf16"]["meta"], run["meta"], metrics)) == []
 
 
 # --- tests/gpu/test_engine_equivalence.py's logic, on fake engines ---------------------------------------------
@@ -568,15 +568,14 @@ def test_gpu_equivalence_test_fails_on_a_broken_backend_with_the_limits_in_the_m
 @pytest.mark.slow
 def test_kv_drift_runs_its_configurations_and_writes_the_report(vllm_tree, monkeypatch, tmp_path):
     # bench/kv_drift.py end to end with a stand-in harness: each configuration's worker is a real process whose
-    # vllm.LLM is the fake engine (a sitecustomize on its PYTHONPATH installs it)
+    # vllm.LLM is the fake engine (a sitecustomize on its PYTHONPATH installs it, from tests/data on the same path)
     import os
 
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(leq.REPO / 'tests' / 'data')!r})\n"
-        "import fake_logprob_llm\nfake_logprob_llm.install()\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    (site / "sitecustomize.py").write_text("import fake_logprob_llm\nfake_logprob_llm.install()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(leq.REPO / "tests" / "data"),
+                                                       os.environ.get("PYTHONPATH", "")]))
     harness = types.SimpleNamespace(HarnessError=type("HarnessError", (Exception,), {}), variants=lambda: ["full"],
                                     variant_env=lambda name, inprocess=True: dict(env))
     monkeypatch.setitem(sys.modules, "vllm_dcu_harness", harness)

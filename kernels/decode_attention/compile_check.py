@@ -15,12 +15,8 @@ import json
 import os
 import sys
 
-if __name__ == "__main__" and not __package__:  # run as a file
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    __package__ = "kernels.decode_attention"  # noqa: A001
-
-from ..compile_tools import amdgcn_usage, gpu_target, ptxas_usage  # noqa: E402
-from . import launch_params  # noqa: E402
+from ..compile_tools import amdgcn_usage, gpu_target, ptxas_usage
+from . import launch_params
 
 _PTR = {"q": "*bf16", "k": "*u8", "v": "*u8", "ks": "*fp32", "vs": "*fp32", "block_table": "*i32",
         "seq_lens": "*i32", "out": "*bf16", "ws_o": "*fp32", "ws_lse": "*fp32"}

@@ -25,15 +25,11 @@ import os
 import sys
 import time
 
-if __name__ == "__main__" and not __package__:  # run as a file: python kernels/gemv/bench.py
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    __package__ = "kernels.gemv"  # noqa: A001
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from . import dispatch, launch_params  # noqa: E402
-from ..results_io import write_text  # noqa: E402
+from . import dispatch, launch_params
+from ..results_io import write_text
 
 # (name, N, K, fused SiLU-and-mul): every dense decode GEMM of Qwen3.5-27B at TP 1
 SHAPES = [
@@ -61,11 +57,9 @@ def smoke_setup():
     global SHAPES, ROWS, DEV, SMOKE
     SHAPES = [("small-n", 6, 96, False), ("b+silu", 2 * 20, 48, True)]
     ROWS, DEV, SMOKE = (1, 4), "cpu", True
-    # in the repository: the tests' workarounds for Triton 3.6 interpreter bugs (numpy >= 2.4 loop bounds)
-    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests")
-    if os.path.isfile(os.path.join(tests, "triton_interp_compat.py")):
-        sys.path.insert(0, tests)
-        import triton_interp_compat  # noqa: F401
+    # the tests' workarounds for Triton 3.6 interpreter bugs (numpy >= 2.4 loop bounds, bf16 tl.dot); the benchmark
+    # runs from the repository root (python -m kernels.gemv.bench), where tests/ is importable
+    import tests.triton_interp_compat  # noqa: F401
 
 
 # --- sweep grid ---------------------------------------------------------------------------------

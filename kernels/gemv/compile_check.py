@@ -17,12 +17,8 @@ import subprocess
 import sys
 import tempfile
 
-if __name__ == "__main__" and not __package__:  # run as a file
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    __package__ = "kernels.gemv"  # noqa: A001
-
-from ..compile_tools import amdgcn_usage, gpu_target  # noqa: E402
-from . import launch_params  # noqa: E402
+from ..compile_tools import amdgcn_usage, gpu_target
+from . import launch_params
 
 # Triton signature of _gemv_kernel (bf16 operands); ints that are multiples of 16 at the real shapes
 # get the divisibility attribute Triton's launcher would give them

@@ -22,25 +22,20 @@ the script itself; its numbers mean nothing.
 """
 import argparse
 import datetime
-import importlib.util
 import math
 import os
 import shlex
 import sys
 import types
 
-if __name__ == "__main__" and not __package__:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    __package__ = "kernels.prefill_attention"  # noqa: A001
+import torch
+import triton
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-from ..kv_quant.cache_write import reshape_and_cache_per_token_head  # noqa: E402
-from ..kv_quant.layout import kv_cache_shape, split_kv_cache  # noqa: E402
-from ..results_io import write_result_pair  # noqa: E402
-from . import launch_params  # noqa: E402
-from .prefill_attention import prefill_attention  # noqa: E402
+from ..kv_quant.cache_write import reshape_and_cache_per_token_head
+from ..kv_quant.layout import kv_cache_shape, split_kv_cache
+from ..results_io import write_result_pair
+from . import launch_params
+from .prefill_attention import prefill_attention
 
 HQ, HKV, D = 24, 4, 256
 BLOCK = {"bf16": 784, "int8": 1552, "fp8": 1552}
@@ -72,6 +67,9 @@ def dry_run_setup():
     HQ, HKV, D, BLOCK, DEV = 6, 1, 16, {"bf16": 32, "int8": 48, "fp8": 48}, "cpu"
     SWEEP = {k: [dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
                  dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1)] for k in SWEEP}
+    # the tests' workarounds for Triton 3.6 interpreter bugs (numpy >= 2.4 loop bounds, bf16 tl.dot); the benchmark
+    # runs from the repository root (python -m kernels.prefill_attention.bench), where tests/ is importable
+    import tests.triton_interp_compat  # noqa: F401
 
 
 # --- baselines ----------------------------------------------------------------------------------
@@ -190,14 +188,6 @@ def rel_err(a, b):
 
 # --- main ---------------------------------------------------------------------------------------
 
-def _load_interpreter_fixes():
-    """tests/triton_interp_compat.py (fixes for two Triton 3.6 interpreter bugs), for --dry-run from a checkout."""
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "triton_interp_compat.py")
-    if os.path.isfile(path):
-        spec = importlib.util.spec_from_file_location("triton_interp_compat", path)
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
-
-
 def sweep(histories, chunk, log):
     best = {}
     for width, configs in SWEEP.items():
@@ -240,7 +230,6 @@ def main(argv=None):
             sys.exit("error: --dry-run needs TRITON_INTERPRET=1 in the environment (Triton picks the interpreter "
                      "when the kernels are imported)")
         dry_run_setup()
-        _load_interpreter_fixes()
     elif not torch.cuda.is_available():
         sys.exit("error: no GPU (use --dry-run to check the script on the CPU)")
     if a.ua_file and not os.path.isfile(a.ua_file):

@@ -12,7 +12,7 @@ model is re-initialised at scales where they do: RMS-preserving linear layers, N
 3 over the vocabulary (top token p ~ 0.1-0.2), attention scores with std 3 (a few keys carry most of each head's
 weight). test_outputs_depend_on_far_context_through_attention checks that on the engine.
 
-Tolerances (bench/logprob_eq.py derive(); margin M = 2 on each predicted size, z(n) = sqrt(2 ln n) + 1.5):
+Tolerances (bench/logprob_tolerance.py derive(); margin M = 2 on each predicted size, z(n) = sqrt(2 ln n) + 1.5):
 
   eps, the RMS relative error of a full-attention layer's output between the two engines:
     TRITON_ATTN vs DCU_TRITON_ATTN, bf16 KV: each kernel rounds P to bf16 before P.V and its output to bf16
@@ -45,19 +45,13 @@ kernel autotuning to the first. Each test starts only the engines it needs (cach
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-pytestmark = pytest.mark.gpu
+from bench import logprob_compare as lcmp
+from bench import logprob_eq as leq
+from bench import logprob_tolerance as ltol
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("vllm_dcu_logprob_eq", REPO / "bench" / "logprob_eq.py")
-leq = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = leq  # its dataclasses look their module up there
-_spec.loader.exec_module(leq)
+pytestmark = pytest.mark.gpu
 
 LAYERS = 8
 LENGTHS = (1024, 4096, 16384, 32768)
@@ -92,15 +86,15 @@ def engine_run(tmp_path_factory, run_env):
 
 
 def _compare(ref, other, record):
-    metrics = leq.compare(ref, other)
-    tol = leq.tolerances_for(ref["meta"], other["meta"], metrics)
-    worst = {key: max(r[key] for r in leq.ratios(metrics, tol).values()) for key, _ in leq.CHECKS}
+    metrics = lcmp.compare(ref, other)
+    tol = lcmp.tolerances_for(ref["meta"], other["meta"], metrics)
+    worst = {key: max(r[key] for r in lcmp.ratios(metrics, tol).values()) for key, _ in lcmp.CHECKS}
     record(**{f"worst_{k}_of_limit": v for k, v in worst.items()},
            steps_compared={n: m["steps_compared"] for n, m in metrics.items()},
            first_diff={n: m["diverged_at"] for n, m in metrics.items()},
            bit_identical={n: m["bit_identical"] for n, m in metrics.items()},
            start_s={ref["meta"]["name"]: ref["meta"]["start_s"], other["meta"]["name"]: other["meta"]["start_s"]})
-    failures = leq.check(metrics, tol)
+    failures = lcmp.check(metrics, tol)
     derivation = tol[max(tol)].derivation
     assert not failures, "\n".join(failures + [derivation])
     return metrics
@@ -120,16 +114,16 @@ def test_outputs_depend_on_far_context_through_attention(engine_run, record):
     sc = leq.scales(run["meta"]["scales"])
     std = float(first.std())
     record(first_token_logprob_std=round(std, 3), first_token_top_p=round(float(p.max()), 4),
-           probe_max_abs=round(float(np.abs(probe - first).max()), 3), probe_kl=round(leq._kl(first, probe), 5))
+           probe_max_abs=round(float(np.abs(probe - first).max()), 3), probe_kl=round(lcmp._kl(first, probe), 5))
     # not flat (dummy weights: std ~0) and not one-hot
     assert 0.5 * sc.logit_std < std < 2.0 * sc.logit_std, std
     assert 10.0 / first.size < p.max() < 0.9, p.max()
     # far context moves the outputs beyond the bf16 kernels' limits (so those limits can see a broken attention;
     # in the simulation 3-4x the largest-change limit and 20-40x the KL limit)
-    bf16 = leq.derive("bf16-kernels", layers=LAYERS, vocab=first.size, prompt_len=n - 1, logit_std=sc.logit_std,
+    bf16 = ltol.derive("bf16-kernels", layers=LAYERS, vocab=first.size, prompt_len=n - 1, logit_std=sc.logit_std,
                       score_std=sc.score_std)
     assert np.abs(probe - first).max() > bf16.step_max_abs
-    assert leq._kl(first, probe) > 10 * bf16.step_kl
+    assert lcmp._kl(first, probe) > 10 * bf16.step_kl
 
 
 def test_dcu_triton_attn_matches_triton_attn_with_bf16_kv(engine_run, record):

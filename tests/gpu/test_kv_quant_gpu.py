@@ -2,18 +2,13 @@
 torch reference bit-exact at Qwen3.5-27B shapes (4 kv heads x 256), no NaN/Inf for any finite bf16,
 CUDA-graph replay with changing slots.
 """
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from kernels.kv_quant import reshape_and_cache_per_token_head, split_kv_cache
 from kernels.kv_quant.layout import kv_cache_shape
 from kernels.kv_quant.reference import dequantize_per_token_head, reshape_and_cache_reference
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fp8_codec_kernels
-from fp8_codec_kernels import decode, encode  # noqa: E402
+from tests.fp8_codec_kernels import decode, encode
 
 pytestmark = pytest.mark.gpu
 

@@ -91,7 +91,6 @@ def experiment(out_json: str) -> None:
     """Child process (GPU memory goes back when it exits): build the engine with its core in this process, so
     the scheduler is reachable, run the workload off and on, write the raw record."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    sys.path.insert(0, str(REPO))
     import torch
     from ci.gpu.dummy_model import write_config
     from ci.gpu.harness import engine_kwargs
@@ -149,7 +148,9 @@ def test_tpot_budget_cuts_inter_token_latency_p99_on_the_real_engine(tmp_path, r
     if "scheduler_tpot_target_ms" not in SchedulerConfig.__dataclass_fields__:
         pytest.skip("this variant is built without patch 0004")
     raw = tmp_path / "sched-tpot.json"
-    p = subprocess.run([sys.executable, __file__, str(raw)], env=run_env, cwd=REPO, timeout=540,
+    # the child runs this file and imports ci.gpu: the repository goes on its PYTHONPATH, after the variant's tree
+    env = dict(run_env, PYTHONPATH=os.pathsep.join(x for x in (run_env.get("PYTHONPATH"), str(REPO)) if x))
+    p = subprocess.run([sys.executable, __file__, str(raw)], env=env, cwd=REPO, timeout=540,
                        capture_output=True, text=True)
     assert p.returncode == 0 and raw.is_file(), f"experiment failed (rc {p.returncode}):\n{p.stdout[-3000:]}{p.stderr[-6000:]}"
     rec = json.loads(raw.read_text())

@@ -14,19 +14,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench import bad_requests
+from bench.synth_tokenizer import write_tokenizer
+
 pytestmark = pytest.mark.gpu
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench import bad_requests  # noqa: E402
-from bench.synth_tokenizer import write_tokenizer  # noqa: E402
 
 VOCAB = 248320  # ci/gpu/dummy_model.py VOCAB_SIZE (checked against it below)
 SERVED = "Qwen3.5-27B"

@@ -13,6 +13,7 @@ import json
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, os.pardir, os.pardir, os.pardir))
 MODES = {"full": "ok", "fragile": "die-on-stop-id", "leaky": "leak", "nodecode": "ok", "crash": "crash"}
 
 
@@ -22,7 +23,7 @@ def variants():
 
 def variant_env(name, inprocess=True):
     env = dict(os.environ)
-    env["PYTHONPATH"] = HERE
+    env["PYTHONPATH"] = os.pathsep.join([HERE, REPO])  # as ci/gpu/harness.py: the variant's vllm first, then the repo
     env["FAKE_ROBUST_MODE"] = MODES[name]
     env["FAKE_INPROCESS"] = str(int(inprocess))
     return env

@@ -14,10 +14,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 6))
-sys.path.insert(0, REPO)
-
-from bench import bad_requests  # noqa: E402
+from bench import bad_requests  # the repository is on PYTHONPATH (fake_robust/harness.py's variant_env)
 
 MODE = os.environ.get("FAKE_ROBUST_MODE", "ok")
 KV_TOKENS = int(os.environ.get("FAKE_KV_TOKENS", "600"))
