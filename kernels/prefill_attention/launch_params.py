@@ -42,7 +42,7 @@ _DCU = {
 PARAMS = {
     # H200 (sm90, 132 SMs, 227 KiB shared memory per block): bench.py's sweep of 2026-12-02 (4096-token chunk at
     # 16K / 32K history): kv16 128x64, 8 warps, 2 stages 4.95 / 9.48 ms (128x32: 7.16 / 13.8; 64x64: 11.5 / 22.5);
-    # kv8 (the direct path: decode rows and short chunks; long chunks use the fp16 mirror with kv16's) 128x32,
+    # kv8 (the direct path: decode rows and short chunks; long chunks use the 16-bit mirror with kv16's) 128x32,
     # 8 warps, 3 stages 11.9 / 22.9 ms (128x64 spills ~6 KB at 255 registers, compile_check.py)
     "sm90": {
         "measured": True,

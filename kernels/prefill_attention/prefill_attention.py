@@ -322,7 +322,7 @@ _MIRRORS: dict = {}
 
 
 def mirror_tokens(env=None) -> int:
-    """Tokens the fp16 mirror of 8-bit caches holds (VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS; 0 = no mirror)."""
+    """Tokens the 16-bit mirror of 8-bit caches holds (VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS; 0 = no mirror)."""
     import os
 
     raw = (os.environ if env is None else env).get(MIRROR_ENV, "").strip()
@@ -405,7 +405,7 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
     kv_quant "fp8" / "int8" and float32 k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides).
     block_table: int32 [>= num_seqs, max_blocks]. Rows past ``cu_seqlens_q[num_seqs]`` are not written.
     software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).
-    max_seqlen_k: a host int >= every seq_len; with 8-bit caches it enables the fp16 mirror
+    max_seqlen_k: a host int >= every seq_len; with 8-bit caches it enables the 16-bit mirror
     for chunks of MIRROR_MIN_QUERY tokens or more (see above; ``mirror``: its size in tokens, None: from
     VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS, 0: off). params / mirror_params: the Triton launch for the cache's
     width / for the mirror (dicts like launch_params' kv8 / kv16 entries; None: the current target's).
