@@ -186,8 +186,8 @@ def test_quantized_v_across_the_value_range(kv_quant, v_mag):
 
 @pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
 def test_all_zero_v_tile_after_large_v_stays_finite(kv_quant):
-    # an all-zero V tile (scales 0) right after |V| ~1e5: the running factor must not drop to the smallest normal
-    # (acc would be scaled by ~1e3 / 1e-38 = inf); it stays >= 2^-64 of the largest V scale seen
+    # an all-zero V tile (scales 0) right after |V| ~1e5: its keys still carry probability (l counts them with their
+    # own exponential) while their V factor is floored in the log (an earlier form rescaled acc by ~1e3 / 1e-38 = inf)
     case = make_case([(4, 60)], block_size=16, kv_quant=kv_quant, d=16, v_mag=1e5, seed=3)
     page = case["block_table"][0, 1]  # tokens 16-31: one whole 16-token key tile
     case["v_cache"][page].zero_()

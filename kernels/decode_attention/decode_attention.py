@@ -36,8 +36,9 @@ Changed 2026-12 (issue #15): the kernel used to put V scale x code unit itself i
 with |V| ~ 1e-6 to fp16 subnormals (5-9% error on the H200) and saturated P at 65504 for |V| above ~65000
 (int8) / ~114000 (fp8) (22% at 1e5). A first fix kept P in [0, 1] by dividing the V scales by the tile's
 largest and carrying that factor in acc: right, but 1.09x / 1.5-1.75x slower at batch 64 / 16 on the H200 (a
-cross-warp max per tile, spills); this scheme measured 1.04-1.08x of the old kernel's time (geomean per 8-bit
-dtype, bench/results/2026-12-02-h200-device-runs-2.md) before l got its own exponential. Accuracy: 1e-2 of a
+cross-warp max per tile, spills); this scheme takes 1.03-1.05x of the old kernel's time (geomean per 8-bit
+dtype over batch 1-64 x ctx 4-32K, worst 1.11-1.13x at batch 64 x 8-16K; bf16 unchanged;
+bench/results/2026-12-02-h200-device-runs-2.md, both kernels in one call). Accuracy: 1e-2 of a
 float64 reference on the dequantized cache for |V| in 1e-6..1e37 and |K| up to 6e4
 (tests/test_decode_attention.py, tests/gpu/test_decode_attention_gpu.py).
 Scores are not clamped: |q . k x scale| must stay within float32 (the prefill kernel saturates S

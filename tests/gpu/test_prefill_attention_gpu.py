@@ -117,7 +117,7 @@ def test_8bit_values_across_the_range(kv_quant, v_mag):
 @pytest.mark.parametrize("mirror", [None, 0], ids=["mirror", "direct"])
 @pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
 def test_8bit_all_zero_v_tiles_after_large_v_stay_finite(kv_quant, mirror):
-    # a whole page of all-zero V (scales 0) after |V| ~1e5: the running V factor stays >= 2^-64 of the largest scale
+    # a whole page of all-zero V (scales 0) after |V| ~1e5: finite, and the zero-V keys keep their probability
     case = make_case([(512, 3000)], kv_quant=kv_quant, seed=6, v_mag=1e5)
     page = case["table"][0, 1]  # tokens 1552-3103: whole key tiles of zero V inside the history
     case["v"][page].zero_()
