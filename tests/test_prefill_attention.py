@@ -254,7 +254,7 @@ def test_env_override_is_read(monkeypatch):
     assert launch_params.get_params("interpreter")["kv16"]["BLOCK_N"] == 32
 
 
-# --- 8-bit caches: the fp16 mirror for long chunks -------------------------------------------------
+# --- 8-bit caches: the 16-bit mirror for long chunks -----------------------------------------------
 
 @pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
 def test_mirror_path_matches_reference_and_direct_path(kv_quant):

@@ -2,7 +2,7 @@
 
 Chunk lengths 1, 17, 4095 and 4096; histories off the page grid; several prefills and decodes in one batch;
 shuffled pages of 784 (bf16) and 1552 (8-bit) tokens; bf16, int8 and fp8 (hardware and software e4m3) caches,
-through the fp16 mirror and read directly;
+through the 16-bit mirror and read directly;
 finite outputs for extreme finite inputs; the router's warmup compiles the only specialization, so varied
 batches afterwards compile nothing. Tolerances as in tests/test_prefill_attention.py (P and the output are
 rounded to bf16; 8-bit caches are compared on their dequantized values).
