@@ -90,8 +90,12 @@ def test_deadline_stops_a_job_and_skips_the_rest_of_its_lane(tmp_path, monkeypat
 def test_committed_plans_parse(plan):
     parsed = jobs.parse_plan(plan.read_text())
     assert parsed and all(len(j.gpus) >= 1 for j in parsed)
-    if any("ci/gpu/run.sh" in j.command for j in parsed):  # harness jobs need the bundle unpacked first
-        assert parsed[0].name == "prepare"
+    harness = [i for i, j in enumerate(parsed) if "ci/gpu/run.sh" in j.command and j.name != "prepare"]
+    if harness:  # harness jobs need the bundle unpacked first, on every GPU they use
+        prep = [i for i, j in enumerate(parsed) if j.name == "prepare"]
+        assert prep and prep[0] < harness[0]
+        first = parsed[harness[0]]
+        assert set(first.gpus) <= set(parsed[prep[0]].gpus)
 
 
 def test_results_io_writes_whole_files_or_nothing(tmp_path):
