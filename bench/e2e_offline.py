@@ -12,6 +12,9 @@ the contest's decode; TTFT is eager prefill (the same for every build except att
 Configurations: NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE[,KEY=VALUE...]], e.g. base=base:TRITON_ATTN:auto
 full-int8=full:DCU_TRITON_ATTN:int8_per_token_head no-prefill-kernel=full:DCU_TRITON_ATTN:auto:VLLM_DCU_PREFILL_ATTN=0 (the
 optional part sets environment variables of that configuration's process).
+E2E_BLOCK_SIZE=N in that part also passes --block-size N to the engine (e.g. 2048 with 8-bit KV: vLLM keeps a
+block size above the hybrid minimum, and whole 2048-token blocks fill the 4096-token chunk budget that 8-bit KV's
+1552-token minimum block leaves at 3104; tests/test_scheduler_dcu.py).
 The first configuration is the baseline of the ratios. Writes <date>-<gpu>-e2e-offline.{json,md} into $OUT
 (default bench/results/) and prints the table last.
 """
@@ -69,6 +72,8 @@ def worker(cfg: dict) -> None:
         str(model), attention_backend=cfg["backend"], kv_cache_dtype=cfg["kv"], max_model_len=cfg["max_len"],
         max_num_seqs=4, max_num_batched_tokens=4096, gpu_memory_utilization=0.85,
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]})
+    if os.environ.get("E2E_BLOCK_SIZE"):
+        kw["block_size"] = int(os.environ["E2E_BLOCK_SIZE"])
     llm = LLM(**kw)
     start_s = time.perf_counter() - t0
     phase("engine-up")
@@ -136,6 +141,10 @@ def main() -> int:
         except ValueError:
             print(f"e2e_offline: error: bad configuration {spec!r}; expected "
                   "NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE,...]", file=sys.stderr)
+            return 2
+        block = env_extra.get("E2E_BLOCK_SIZE")
+        if block is not None and not (block.isdigit() and int(block) >= 16 and int(block) % 16 == 0):
+            print(f"e2e_offline: error: E2E_BLOCK_SIZE must be a multiple of 16 tokens, got {block!r}", file=sys.stderr)
             return 2
         if variant not in harness.variants():
             print(f"e2e_offline: error: unknown variant {variant!r}; bundle has {harness.variants()}", file=sys.stderr)

@@ -344,6 +344,17 @@ def test_e2e_offline_rejects_a_bad_configuration_with_one_line(spec, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("block", ["2050", "abc", "0"])
+def test_e2e_offline_rejects_a_block_size_that_is_not_whole_16_token_groups(block, tmp_path):
+    spec = f"x=full:DCU_TRITON_ATTN:int8_per_token_head:E2E_BLOCK_SIZE={block}"
+    p = subprocess.run([sys.executable, "bench/e2e_offline.py", spec, "--out", str(tmp_path)], capture_output=True,
+                       text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        f"e2e_offline: error: E2E_BLOCK_SIZE must be a multiple of 16 tokens, got {block!r}"]
+    assert os.listdir(tmp_path) == []
+
+
 def test_e2e_offline_counts_triton_compiles_per_phase():
     import importlib.util
 
