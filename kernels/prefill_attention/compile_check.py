@@ -3,8 +3,10 @@
     python -m kernels.prefill_attention.compile_check [--target sm90|gfx936|...] [--configs '[{"BLOCK_M": 128, ...}]']
 
 For choosing launch parameters before spending device time: registers per thread, spills, shared memory / LDS
-per program, async copies (sm90: whether the K/V loads were pipelined) of each configuration, bf16 and int8
-caches, Qwen3.5-27B's head shape (6 q heads per kv head, 256). Default configurations: the target's table entry.
+per program, async copies (sm90: whether the K/V loads were pipelined) of each configuration, for a bf16 cache,
+an int8 cache read directly ("8-bit") and the 16-bit mirror of an 8-bit cache ("mirror": fp16 K codes + scales,
+bf16 V), Qwen3.5-27B's head shape (6 q heads per kv head, 256). Default configurations: the target's table entry
+(kv16 for bf16 and the mirror, which launches with it; kv8 for the direct path).
 ROCm targets compile for gfx90a, the wave64 target upstream LLVM knows (kernels/compile_tools.py).
 The pointer and stride alignment the JIT would see is passed in, so pipelining matches a real launch.
 """
@@ -25,12 +27,18 @@ _DIV16 = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stri
           "stride_vt", "stride_vh")
 
 
-def _signature(kv8: bool):
+_MIRROR_PTR = {"k": "*fp16", "v": "*bf16"}
+
+
+def _signature(kv8: bool, mirror: bool = False):
     sig, attrs = {}, {}
     for i, name in enumerate(_prefill_kernel.arg_names):
         if name.endswith("_ptr"):
             base = name[:-4]
-            sig[name] = "*u8" if kv8 and base in ("k", "v") else _PTR[base]
+            if mirror and base in _MIRROR_PTR:
+                sig[name] = _MIRROR_PTR[base]
+            else:
+                sig[name] = "*u8" if kv8 and base in ("k", "v") else _PTR[base]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name == "s_mult_base":
             sig[name] = "fp32"
@@ -43,14 +51,17 @@ def _signature(kv8: bool):
     return sig, attrs
 
 
-def compile_one(target: str, cfg: dict, kv8: bool, group=6, head_dim=256, block_size=784) -> dict:
+def compile_one(target: str, cfg: dict, kv8: bool, group=6, head_dim=256, block_size=784, mirror=False) -> dict:
+    """mirror (with kv8): the launch over the 16-bit mirror (its page is 256 tokens, so block_size is ignored)."""
     cfg = dict(cfg)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    sig, attrs = _signature(kv8)
+    sig, attrs = _signature(kv8, mirror)
+    if mirror:
+        block_size = 256
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m,
                   BLOCK_Q=block_m // group, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
-                  KV_QUANT=2 if kv8 else 0, FP8_SOFTWARE=False, PTX=kv8 and target.startswith("sm"), SEQ_FILTER=0,
-                  MIRROR=False)
+                  KV_QUANT=2 if kv8 else 0, FP8_SOFTWARE=False, PTX=kv8 and target.startswith("sm"),
+                  SEQ_FILTER=1 if mirror else 0, MIRROR=mirror)
     if kv8:
         consts.update(stride_ksh=1, stride_vsh=1)
     gt = gpu_target(target)
@@ -80,11 +91,12 @@ def main():
     if not a.json:
         print("| target | kv | config | regs | spills | shared / LDS B | async copies |")
         print("|---|---|---|---:|---:|---:|---:|")
+    kinds = {None: ("bf16", "8-bit", "mirror"), "kv16": ("bf16", "mirror"), "kv8": ("8-bit",)}
     for width, cfg in configs:
-        for kv8 in ((False, True) if width is None else (width == "kv8",)):
-            row = dict(target=a.target, kv="8-bit" if kv8 else "bf16", config=cfg)
+        for kind in kinds[width]:
+            row = dict(target=a.target, kv=kind, config=cfg)
             try:
-                row.update(compile_one(a.target, cfg, kv8))
+                row.update(compile_one(a.target, cfg, kind != "bf16", mirror=kind == "mirror"))
             except Exception as e:  # a configuration the compiler rejects is a result too
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             rows.append(row)

@@ -30,7 +30,8 @@ _POW2 = {"BLOCK_M": (16, 256), "BLOCK_N": (16, 256), "num_warps": (1, 16)}
 # Compiled for gfx90a (the wave64 proxy; compile_check.py --target gfx936, 2026-12-02): 64x16 / 4 warps 252 VGPRs
 # bf16 (296 8-bit), 32 KiB LDS (the Q tile's layout change), no spills; 64x32 320 VGPRs; 128x16 / 4 warps 380
 # VGPRs and 64 KiB LDS (one workgroup per CU); 128x16 / 8 warps 161 VGPRs but 64 KiB LDS. Sweep on the DCU with
-# bench.py before trusting any of it.
+# bench.py before trusting any of it. 2026-12-02 (sixth session, log2 V factor, 16-bit mirror): 64x16 bf16 252,
+# the mirror 256, the direct 8-bit path 292 VGPRs, no spills, 32 KiB LDS.
 _DCU = {
     "measured": False,
     "kv16": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
