@@ -9,6 +9,7 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -223,6 +224,42 @@ def test_8bit_extreme_and_zero_v_tiles_give_finite_accurate_outputs(params, kv_q
                      kv_fn=_tile_magnitudes(mags, 32, bias=False))
     out = run(case, num_splits=1, software_fp8=software)
     assert_rel_close(out, reference(case))
+
+
+@pytest.fixture
+def flush_to_zero():
+    """float32 subnormals flushed to zero in this thread (x86 FTZ/DAZ, which numpy and so the interpreter obey), as
+    GPUs flush them in the kernel's exponentials and products; the interpreter keeps them otherwise."""
+    if not torch.set_flush_denormal(True):
+        pytest.fail("this CPU cannot flush subnormals (torch.set_flush_denormal); the test needs x86 FTZ/DAZ")
+    try:
+        assert np.float32(1e-39) * np.float32(1.0) == 0.0
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+@pytest.mark.parametrize("kv_quant,software", KV8, ids=KV8_IDS)
+def test_8bit_huge_v_keeps_the_keys_below_the_max_when_subnormals_flush(params, flush_to_zero, kv_quant, software):
+    # |V| ~1e37 puts log2 of the V factor near 115, so for the running max m (over score + log2 factor) the plain
+    # exp2(score - m) of a key ~10 log2 units below the best is ~2^-125: under float32's normal range. A form that
+    # derives P x factor or l from that number loses those keys on a GPU (3% error on the H200, 2026-12-02) and not
+    # in the interpreter unless subnormals flush, as here: 255 keys ~8 nats below key 0 carry ~8% of the mass
+    params(BLOCK_N=16)
+    d = 32
+
+    def fn(q, k, v, table):
+        v.mul_(1e37)
+        q[..., 0] = 4.0
+        for t in range(1, 256):
+            page, slot = divmod(t, 16)
+            k[int(table[0, page]), slot, :, 0] = -8.0 / (d**-0.5 * 4.0)
+        k[int(table[0, 0]), 0, :, 0] = 0.0
+
+    case = make_case([256, 3], block_size=16, hq=6, hkv=1, d=d, dtype=torch.bfloat16, kv_quant=kv_quant, seed=21,
+                     kv_fn=fn)
+    assert_rel_close(run(case, num_splits=1, software_fp8=software), reference(case))
+    assert_rel_close(run(case, num_splits=3, software_fp8=software), reference(case))
 
 
 @triton.jit

@@ -25,12 +25,13 @@ TOL = {torch.float16: (4e-3, 2e-3), torch.bfloat16: (4e-2, 1.2e-2)}
 
 
 def make_case(chunks, block_size, hq=6, hkv=1, d=32, dtype=torch.bfloat16, kv_quant=None, seed=0, k_mag=2.0,
-              v_mag=1.0, q_mag=1.0, extra_rows=0):
+              v_mag=1.0, q_mag=1.0, extra_rows=0, kv_fn=None):
     """Sequences given as (query chunk length, history length) with their K/V in a shuffled paged cache.
 
     Block-table entries past a sequence's last page are -1 (never read); pages of one sequence are scattered.
     ``extra_rows`` adds rows to q past the last sequence (vLLM pads the token dimension); they must stay
-    untouched."""
+    untouched. ``kv_fn(q, k, v, table)`` may edit q (float32) and k, v ([num_blocks, block_size, kv_heads, d],
+    float32) in place before they are stored."""
     g = torch.Generator().manual_seed(seed)
     lens = [c + h for c, h in chunks]
     nblk = [(n + block_size - 1) // block_size for n in lens]
@@ -44,9 +45,12 @@ def make_case(chunks, block_size, hq=6, hkv=1, d=32, dtype=torch.bfloat16, kv_qu
     q_lens = torch.tensor([c for c, _ in chunks])
     cu = torch.zeros(len(chunks) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(q_lens, 0)
-    q = (torch.randn(int(cu[-1]) + extra_rows, hq, d, generator=g) * q_mag).to(dtype)
+    q = torch.randn(int(cu[-1]) + extra_rows, hq, d, generator=g) * q_mag
     k = torch.randn(num_blocks, block_size, hkv, d, generator=g) * k_mag
     v = torch.randn(num_blocks, block_size, hkv, d, generator=g) * v_mag
+    if kv_fn is not None:
+        kv_fn(q, k, v, table)
+    q = q.to(dtype)
     case = dict(q=q, cu_seqlens_q=cu, seq_lens=torch.tensor(lens, dtype=torch.int32), block_table=table,
                 scale=d**-0.5)
     if kv_quant is None:
@@ -179,6 +183,32 @@ def test_quantized_v_across_the_value_range(kv_quant, v_mag):
     # the 8-bit path keeps P in [0, 1] whatever the V scales (tiny V must not underflow, huge V not overflow)
     case = make_case([(13, 40)], block_size=16, kv_quant=kv_quant, d=16, v_mag=v_mag, k_mag=1000.0, seed=11)
     out = run(case, params=p(16), software_fp8=True)
+    want = reference(case)
+    rel = ((out.double() - want).norm() / want.norm()).item()
+    assert torch.isfinite(out).all() and rel < 1e-2, rel
+
+
+@pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
+def test_8bit_huge_v_keeps_the_keys_below_the_max_when_subnormals_flush(kv_quant):
+    # the decode test of the same name, for the direct 8-bit path: |V| ~1e37, 255 keys ~8 nats below key 0, float32
+    # subnormals flushed as on a GPU (a form that derives l or P x factor from exp2(score - m) loses those keys)
+    d = 32
+    if not torch.set_flush_denormal(True):
+        pytest.fail("this CPU cannot flush subnormals (torch.set_flush_denormal); the test needs x86 FTZ/DAZ")
+
+    def fn(q, k, v, table):
+        v.mul_(1e37)
+        q[..., 0] = 4.0
+        for t in range(1, 256):
+            page, slot = divmod(t, 16)
+            k[int(table[0, page]), slot, :, 0] = -8.0 / (d**-0.5 * 4.0)
+        k[int(table[0, 0]), 0, :, 0] = 0.0
+
+    try:
+        case = make_case([(3, 256)], block_size=16, kv_quant=kv_quant, d=d, seed=21, kv_fn=fn)
+        out = run(case, params=p(16), software_fp8=True)
+    finally:
+        torch.set_flush_denormal(False)
     want = reference(case)
     rel = ((out.double() - want).norm() / want.norm()).item()
     assert torch.isfinite(out).all() and rel < 1e-2, rel
