@@ -215,12 +215,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ua-file", help="the series' triton_unified_attention.py without patch 0006 (baselines)")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
-    ap.add_argument("--history", default="0,4096,16384,32768")
-    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--history", default=None, help="history lengths (default 0,4096,16384,32768; --dry-run: 0,40)")
+    ap.add_argument("--chunk", type=int, default=None, help="query chunk (default 4096; --dry-run: 20)")
     ap.add_argument("--quick", action="store_true", help="no sweep: the launch_params table's entry")
     ap.add_argument("--kv", default=",".join(DTYPES), help=f"KV variants to time (default all: {','.join(DTYPES)})")
     ap.add_argument("--dry-run", action="store_true", help="CPU, toy shapes, Triton interpreter")
     a = ap.parse_args(argv)
+    if a.history is None:
+        a.history = "0,40" if a.dry_run else "0,4096,16384,32768"
+    if a.chunk is None:
+        a.chunk = 20 if a.dry_run else 4096
     histories = [int(x) for x in a.history.split(",")]
     kvs = [x for x in a.kv.split(",") if x]
     if not kvs or set(kvs) - set(DTYPES) or "bf16" not in kvs:
