@@ -217,8 +217,8 @@ def launch_grid():
         return {"kv16": cfgs, "kv8": cfgs}
     kv16 = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]
     # kv8: (BLOCK_N, num_warps, num_stages, early_convert)
-    # (32, 4, 2|3, 1): no register spills in compile_check (BLOCK_N 64 spills ~400 B per thread); 2|3 stages at
-    # BLOCK_N 32 ran 0.84x of bf16 at batch 64 on the H200 (2026-12-02, sixth session) but slower at batch 1-16
+    # (32, 4, 2|3, 1): no register spills in compile_check (BLOCK_N 64 spills ~400 B per thread); (32, 4, 2, 1) ran
+    # 0.84x of bf16 at batch 64 on the H200 (2026-12-02, sixth session) but slower than BLOCK_N 64 at batch 1-16
     kv8 = [(64, 2, 2, 2), (64, 2, 2, 1), (64, 2, 2, 0), (64, 4, 2, 2), (64, 4, 2, 1), (64, 4, 2, 0), (64, 4, 3, 0),
            (32, 2, 2, 2), (32, 4, 2, 0), (32, 4, 2, 1), (32, 4, 3, 1), (128, 4, 2, 0)]
     return {"kv16": [dict(BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in kv16],
