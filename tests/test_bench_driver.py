@@ -333,25 +333,21 @@ def test_server_counters_are_summed_over_label_sets_and_reported_as_increases():
     assert serve_metrics.counter_increase(None, after) is None
 
 
-@pytest.mark.parametrize("spec", ["x=full:DCU_TRITON_ATTN", "x=full:DCU_TRITON_ATTN:auto:1BAD=3",
-                                  "x=full:DCU_TRITON_ATTN:auto:NOVALUE"])
-def test_e2e_offline_rejects_a_bad_configuration_with_one_line(spec, tmp_path):
+_BAD_CONFIG = "e2e_offline: error: bad configuration {spec!r}; expected NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE,...]"
+_BAD_BLOCK = "e2e_offline: error: E2E_BLOCK_SIZE must be a multiple of 16 tokens, got {block!r}"
+_BLOCK_SPEC = "x=full:DCU_TRITON_ATTN:int8_per_token_head:E2E_BLOCK_SIZE={}"
+
+
+@pytest.mark.parametrize("spec, message", [
+    *((spec, _BAD_CONFIG.format(spec=spec)) for spec in
+      ("x=full:DCU_TRITON_ATTN", "x=full:DCU_TRITON_ATTN:auto:1BAD=3", "x=full:DCU_TRITON_ATTN:auto:NOVALUE")),
+    *((_BLOCK_SPEC.format(block), _BAD_BLOCK.format(block=block)) for block in ("2050", "abc", "0")),
+])
+def test_e2e_offline_rejects_a_bad_configuration_with_one_line(spec, message, tmp_path):
     p = subprocess.run([sys.executable, "bench/e2e_offline.py", spec, "--out", str(tmp_path)], capture_output=True,
                        text=True, cwd=REPO, timeout=120)
     assert p.returncode == 2
-    assert p.stderr.strip().splitlines() == [
-        f"e2e_offline: error: bad configuration {spec!r}; expected NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE,...]"]
-    assert os.listdir(tmp_path) == []
-
-
-@pytest.mark.parametrize("block", ["2050", "abc", "0"])
-def test_e2e_offline_rejects_a_block_size_that_is_not_whole_16_token_groups(block, tmp_path):
-    spec = f"x=full:DCU_TRITON_ATTN:int8_per_token_head:E2E_BLOCK_SIZE={block}"
-    p = subprocess.run([sys.executable, "bench/e2e_offline.py", spec, "--out", str(tmp_path)], capture_output=True,
-                       text=True, cwd=REPO, timeout=120)
-    assert p.returncode == 2
-    assert p.stderr.strip().splitlines() == [
-        f"e2e_offline: error: E2E_BLOCK_SIZE must be a multiple of 16 tokens, got {block!r}"]
+    assert p.stderr.strip().splitlines() == [message]
     assert os.listdir(tmp_path) == []
 
 

@@ -9,7 +9,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -20,6 +19,7 @@ from kernels.decode_attention import decode_attention, launch_params, workspace_
 from kernels.decode_attention.decode_attention import _codes_to_f16  # noqa: E402
 from kernels.decode_attention.reference import paged_decode_reference  # noqa: E402
 from kernels.kv_quant.reference import quantized_paged_cache  # noqa: E402
+from tests.attention_checks import assert_rel_close, huge_v_keys_below_the_max, subnormals_flushed  # noqa: E402
 
 # (max abs error, error norm / reference norm): P and the output are rounded to the query dtype
 TOL = {torch.float16: (2e-3, 1e-3), torch.bfloat16: (4e-2, 1e-2)}
@@ -152,18 +152,6 @@ KV8 = [("int8", True), ("fp8", True), ("fp8", False)]
 KV8_IDS = ["int8", "fp8-sw", "fp8-hw"]
 
 
-def assert_rel_close(out, want, rel_tol=1e-2, worst_tol=2e-2):
-    """Finite, and per sequence: error norm / reference norm < rel_tol and the largest error < worst_tol x max
-    |reference| (scale-free, per sequence: the outputs here span 1e-6 to 1e37 and may differ between sequences)."""
-    assert torch.isfinite(out).all(), "non-finite output"
-    for b in range(out.shape[0]):
-        err = out[b].double() - want[b]
-        rel = (err.norm() / want[b].norm()).item()
-        worst = (err.abs().max() / want[b].abs().max()).item()
-        assert rel < rel_tol and worst < worst_tol, \
-            f"sequence {b}: relative {rel:.3g} (limit {rel_tol}), worst {worst:.3g} (limit {worst_tol})"
-
-
 @pytest.mark.parametrize("kv_quant,software", KV8, ids=KV8_IDS)
 @pytest.mark.parametrize("k_mag", [2.0, 6e4])
 @pytest.mark.parametrize("v_mag", [1e-6, 1e5])
@@ -226,40 +214,18 @@ def test_8bit_extreme_and_zero_v_tiles_give_finite_accurate_outputs(params, kv_q
     assert_rel_close(out, reference(case))
 
 
-@pytest.fixture
-def flush_to_zero():
-    """float32 subnormals flushed to zero in this thread (x86 FTZ/DAZ, which numpy and so the interpreter obey), as
-    GPUs flush them in the kernel's exponentials and products; the interpreter keeps them otherwise."""
-    if not torch.set_flush_denormal(True):
-        pytest.fail("this CPU cannot flush subnormals (torch.set_flush_denormal); the test needs x86 FTZ/DAZ")
-    try:
-        assert np.float32(1e-39) * np.float32(1.0) == 0.0
-        yield
-    finally:
-        torch.set_flush_denormal(False)
-
-
 @pytest.mark.parametrize("kv_quant,software", KV8, ids=KV8_IDS)
-def test_8bit_huge_v_keeps_the_keys_below_the_max_when_subnormals_flush(params, flush_to_zero, kv_quant, software):
-    # |V| ~1e37 puts log2 of the V factor near 115, so for the running max m (over score + log2 factor) the plain
-    # exp2(score - m) of a key ~10 log2 units below the best is ~2^-125: under float32's normal range. A form that
-    # derives P x factor or l from that number loses those keys on a GPU (3% error on the H200, 2026-12-02) and not
-    # in the interpreter unless subnormals flush, as here: 255 keys ~8 nats below key 0 carry ~8% of the mass
+def test_8bit_huge_v_keeps_the_keys_below_the_max_when_subnormals_flush(params, kv_quant, software):
+    # attention_checks.huge_v_keys_below_the_max: the form that failed on the H200 (one exponential) fails here
+    # only when subnormals flush, as on a GPU
     params(BLOCK_N=16)
-    d = 32
-
-    def fn(q, k, v, table):
-        v.mul_(1e37)
-        q[..., 0] = 4.0
-        for t in range(1, 256):
-            page, slot = divmod(t, 16)
-            k[int(table[0, page]), slot, :, 0] = -8.0 / (d**-0.5 * 4.0)
-        k[int(table[0, 0]), 0, :, 0] = 0.0
-
-    case = make_case([256, 3], block_size=16, hq=6, hkv=1, d=d, dtype=torch.bfloat16, kv_quant=kv_quant, seed=21,
-                     kv_fn=fn)
-    assert_rel_close(run(case, num_splits=1, software_fp8=software), reference(case))
-    assert_rel_close(run(case, num_splits=3, software_fp8=software), reference(case))
+    case = make_case([256, 3], block_size=16, hq=6, hkv=1, d=32, dtype=torch.bfloat16, kv_quant=kv_quant, seed=21,
+                     kv_fn=huge_v_keys_below_the_max(32))
+    with subnormals_flushed():
+        split1 = run(case, num_splits=1, software_fp8=software)
+        split3 = run(case, num_splits=3, software_fp8=software)
+    assert_rel_close(split1, reference(case))
+    assert_rel_close(split3, reference(case))
 
 
 @triton.jit

@@ -19,6 +19,7 @@ import triton_interp_compat  # noqa: E402,F401
 from kernels.kv_quant.reference import quantized_paged_cache  # noqa: E402
 from kernels.prefill_attention import launch_params, prefill_attention  # noqa: E402
 from kernels.prefill_attention.reference import paged_prefill_reference  # noqa: E402
+from tests.attention_checks import huge_v_keys_below_the_max, subnormals_flushed  # noqa: E402
 
 # (max abs error, error norm / reference norm)
 TOL = {torch.float16: (4e-3, 2e-3), torch.bfloat16: (4e-2, 1.2e-2)}
@@ -190,25 +191,10 @@ def test_quantized_v_across_the_value_range(kv_quant, v_mag):
 
 @pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
 def test_8bit_huge_v_keeps_the_keys_below_the_max_when_subnormals_flush(kv_quant):
-    # the decode test of the same name, for the direct 8-bit path: |V| ~1e37, 255 keys ~8 nats below key 0, float32
-    # subnormals flushed as on a GPU (a form that derives l or P x factor from exp2(score - m) loses those keys)
-    d = 32
-    if not torch.set_flush_denormal(True):
-        pytest.fail("this CPU cannot flush subnormals (torch.set_flush_denormal); the test needs x86 FTZ/DAZ")
-
-    def fn(q, k, v, table):
-        v.mul_(1e37)
-        q[..., 0] = 4.0
-        for t in range(1, 256):
-            page, slot = divmod(t, 16)
-            k[int(table[0, page]), slot, :, 0] = -8.0 / (d**-0.5 * 4.0)
-        k[int(table[0, 0]), 0, :, 0] = 0.0
-
-    try:
-        case = make_case([(3, 256)], block_size=16, kv_quant=kv_quant, d=d, seed=21, kv_fn=fn)
+    # the decode test of the same name, for the direct 8-bit path (attention_checks.huge_v_keys_below_the_max)
+    case = make_case([(3, 256)], block_size=16, kv_quant=kv_quant, d=32, seed=21, kv_fn=huge_v_keys_below_the_max(32))
+    with subnormals_flushed():
         out = run(case, params=p(16), software_fp8=True)
-    finally:
-        torch.set_flush_denormal(False)
     want = reference(case)
     rel = ((out.double() - want).norm() / want.norm()).item()
     assert torch.isfinite(out).all() and rel < 1e-2, rel
