@@ -141,13 +141,22 @@ def _codes_to_f16(codes, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX
 
 
 @triton.jit
+def _code_unit(KV_QUANT: tl.constexpr):
+    """value / fp16 code of _codes_to_f16: int8 codes are value / 128, e4m3 codes value / 256."""
+    if KV_QUANT == 2:
+        return 128.0
+    else:
+        return 256.0
+
+
+@triton.jit
 def _v_scale_log2(v_scale, KV_QUANT: tl.constexpr):
     """log2 of each key's V factor: V scale x code unit x 2^-8 (V = fp16 code x factor x 2^8), the V scale floored
     at 2^-64 (a zero scale's codes are all 0, so its factor never shows)."""
     if KV_QUANT == 2:
-        bias = -1.0  # log2(128) - 8
+        bias = -1.0  # log2(_code_unit) - 8, as a literal so it folds
     else:
-        bias = 0.0  # log2(256) - 8
+        bias = 0.0
     return tl.log2(tl.maximum(v_scale, _V_SCALE_FLOOR)) + bias
 
 
@@ -168,14 +177,10 @@ def _pow2_fp16_scale(q):
 def _q_for_codes(q, KV_QUANT: tl.constexpr):
     """q for fp16 products with 8-bit codes (exact in fp16, see _codes_to_f16): scaled by a power of two into
     fp16's range (_pow2_fp16_scale). Returns (q in fp16, the factor S needs to undo that scale and the codes'
-    unit, the codes' unit: int8 codes are value / 128, e4m3 codes value / 256)."""
+    unit, _code_unit)."""
     q32 = q.to(tl.float32)
     q_s, q_inv_s = _pow2_fp16_scale(q32)
-    if KV_QUANT == 2:
-        code_unit = 128.0
-    else:
-        code_unit = 256.0
-    return (q32 * q_s).to(tl.float16), code_unit * q_inv_s, code_unit
+    return (q32 * q_s).to(tl.float16), _code_unit(KV_QUANT) * q_inv_s
 
 
 @triton.jit
@@ -247,7 +252,7 @@ def _decode_split_kernel(
     if KV_QUANT != 0:
         # 8-bit caches: fp16 products (every code is exact in fp16, see _codes_to_f16), q scaled
         # by a power of two into fp16's range; the factors come back out of S in s_mult.
-        q, s_factor, _ = _q_for_codes(q, KV_QUANT)
+        q, s_factor = _q_for_codes(q, KV_QUANT)
         s_mult = scale_log2 * s_factor
     dot_dtype = q.dtype
 

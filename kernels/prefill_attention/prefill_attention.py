@@ -37,6 +37,7 @@ import triton.language as tl
 from ..decode_attention.decode_attention import (
     _KV8_OUT_FACTOR,
     _L_SHIFT,
+    _code_unit,
     _codes_to_f16,
     _kv_rows,
     _q_for_codes,
@@ -175,7 +176,7 @@ def _prefill_kernel(
         qo_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + q_offs, mask=qo_mask, other=0.0)
     if KV_QUANT != 0:
-        q, s_factor, _ = _q_for_codes(q, KV_QUANT)
+        q, s_factor = _q_for_codes(q, KV_QUANT)
         s_mult = s_mult_base * s_factor
     else:
         s_mult = s_mult_base
@@ -309,11 +310,8 @@ def _mirror_kernel(
     codes = tl.load(v_ptr + (phys * stride_vb + slot * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :],
                     mask=mask, other=0)
     v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
-    if KV_QUANT == 2:
-        unit = 128.0
-    else:
-        unit = 256.0
-    vals = _codes_to_f16(codes, KV_QUANT, FP8_SOFTWARE, PTX).to(tl.float32) * (v_scale * unit)[:, None]
+    vals = _codes_to_f16(codes, KV_QUANT, FP8_SOFTWARE, PTX).to(tl.float32)
+    vals = vals * (v_scale * _code_unit(KV_QUANT))[:, None]
     vals = tl.minimum(tl.maximum(vals, -_BF16_MAX), _BF16_MAX)
     tl.store(mv_ptr + m_off, vals.to(mv_ptr.dtype.element_ty), mask=mask)
 
