@@ -72,6 +72,49 @@ def test_gemv_compiles_for_sm90_and_wave64_without_spills():
             assert r["ld_v4"] > 0, r  # 16-byte loads along K
 
 
+def test_smoke_variants_times_every_variant_against_the_table_and_the_platform(tmp_path, monkeypatch, capsys):
+    for name in ("SHAPES", "ROWS", "DEV", "SMOKE"):
+        monkeypatch.setattr(bench, name, getattr(bench, name))
+    base = bench.main(["--smoke", "--variants", "--out", str(tmp_path)])
+    assert os.path.basename(base).endswith("-cpu-smoke-gemv-variants")
+    with open(base + ".json") as f:
+        doc = json.load(f)
+    sides = {(r["op"], r["rows"], r["side"]) for r in doc["rows"]}
+    want = {(name, r, side) for name, _, _, silu in bench.SHAPES if not silu for r in bench.ROWS
+            for side in ("platform", "table", *bench.variant_grid(launch_params.row_bucket(r)))}
+    assert sides == want
+    for r in doc["rows"]:
+        assert r["us"] > 0 and r["err"] < 1e-2
+    assert sum(r["best"] for r in doc["rows"]) == len({(r["op"], r["rows"]) for r in doc["rows"]})
+    assert "| best |" in capsys.readouterr().out
+
+
+def test_variant_grid_is_valid_and_compiles_for_sm90_without_spills():
+    assert not bench.SMOKE
+    for b in launch_params.ROW_BUCKETS:
+        grid = bench.variant_grid(b)
+        assert 4 <= len(grid) <= 5
+        for cfg in grid.values():
+            launch_params.check_config(dict(cfg), "variant", rocm=False, rows=b)
+            assert "PERSIST" in cfg or "K_STAGES" in cfg
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "kernels.gemv.compile_check", "--target", "sm90", "--variants",
+                           "--json"], check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in json.loads(proc.stdout) if r["label"].startswith("variant")]
+    assert len(rows) >= 10
+    for r in rows:
+        assert "error" not in r, r
+        assert r["spills"] == 0 and r["shared"] <= 227 * 1024, r
+        assert r["cp_async"] > 0, r  # W streamed by async copies (pipelined K loop)
+        if "PERSIST" in r["config"]:
+            # every program resident at once: PERSIST blocks fit one SM's registers (64K) and shared memory
+            threads = 32 * r["config"]["num_warps"]
+            regs = -(-r["regs"] // 8) * 8
+            assert r["config"]["PERSIST"] <= 65536 // (regs * threads), r
+            assert r["config"]["PERSIST"] * r["shared"] <= 228 * 1024, r
+
+
 def test_smoke_needs_the_interpreter(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "kernels.gemv.bench", "--smoke", "--out", str(tmp_path)], cwd=REPO,

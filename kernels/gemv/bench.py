@@ -1,6 +1,6 @@
 """Microbenchmark: the decode GEMV vs the platform GEMM (F.linear: cuBLAS / hipBLASLt) at Qwen3.5-27B's shapes.
 
-    python -m kernels.gemv.bench [--out DIR] [--quick] [--budget-s S] [--tag T] [--smoke]
+    python -m kernels.gemv.bench [--out DIR] [--quick] [--budget-s S] [--tag T] [--smoke] [--variants]
 
 Every dense decode GEMM of Qwen3.5-27B (N x K, bf16, no bias) at 1, 2, 4 and 8 rows, plus gate_up
 fused with SiLU-and-mul against F.linear followed by a separate SiLU-and-mul kernel. Needs only torch
@@ -16,6 +16,13 @@ relative error of both sides against float64. Prints the suggested launch_params
 device, then the table last; writes <date>-<gpu>-gemv[-<tag>].{json,md} into --out (default $OUT or
 bench/results/). On one H200 the whole run takes about 2-3 minutes, most of it Triton compiles.
 --smoke runs the same code on the CPU (TRITON_INTERPRET=1) at toy shapes, to test the script.
+
+--variants (issue #14, instead of the sweep and the main table): the small-N shapes (N = 16384 / 14336
+with K = 5120, N = 5120 with K = 6144 / 17408) at 1/2/4/8 rows, the table's configuration against the
+named kernel variants of variant_grid (stream-K grid PERSIST x SMs, K loop pipelined K_STAGES deep)
+and the platform GEMM, all sides of a (shape, rows) timed in one interleaved call; prints one line
+per side with % of copy bandwidth and time / platform time, and the best side per (shape, rows).
+About 10 Triton compiles and well under 2 minutes on one H200; writes <date>-<gpu>-gemv-variants.{json,md}.
 """
 import argparse
 import datetime
@@ -100,6 +107,101 @@ def split_candidates(n_out: int) -> list:
     if n_out <= 8192:
         return [1, 2, 4]
     return []
+
+
+# --- kernel variants for the small-N shapes (--variants) ----------------------------------------
+
+# the shapes whose N alone gives few programs per SM at 1 row (issue #14: 79-93% of copy bandwidth there)
+VARIANT_SHAPES = ("in_proj_qkvz", "attn qkv+gate", "o_proj / out_proj", "down")
+
+
+def variant_grid(bucket: int) -> dict:
+    """Named launch configurations --variants compares with the table's, per row bucket. Each puts more W
+    bytes in flight per SM than the table's entry, or removes the partly filled last wave:
+      k3 / k4 / k6  the table's tiles and grid, K loop pipelined 3 / 4 / 6 stages deep (tl.range num_stages:
+                    async copies into shared memory, on the FMA path too: K_STAGES - 1 tiles in flight);
+      skP[-sS]      stream-K: P x SMs programs, each the same number of (N tile, K tile) units, pipelined;
+      sk3-n16       stream-K with 16-row tiles and 256-wide K steps;
+      fma-sk4       (2 rows) the FMA inner product instead of the padded tl.dot, stream-K.
+    P is what fits on one SM at once (compiled for sm90, Triton 3.6: python -m kernels.gemv.compile_check
+    --target sm90 --variants), so every program is resident from the start and none waits for a second wave:
+    1 row sk4 128 registers (4 x 128 threads fit), sk3-s4 142 and sk3-n16 143 (3 fit); 2-8 rows sk4 112 registers and 36 KiB shared
+    (4 fit), sk3-k6 60 KiB shared (3 fit in 228 KiB), sk4-n16 126 registers / 48 KiB; no spills."""
+    if SMOKE:
+        fma = {"DOT": 0, "BLOCK_N": 4, "BLOCK_K": 16, "num_warps": 1, "num_stages": 1}
+        dot = {"DOT": 1, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 1, "num_stages": 1}
+        return {"k3": dict(fma if bucket == 1 else dot, K_STAGES=3),
+                "sk4": dict(fma if bucket == 1 else dot, PERSIST=4, K_STAGES=2)}
+    if bucket == 1:
+        base = {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 1}
+        return {"k3": dict(base, K_STAGES=3),
+                "k4": dict(base, K_STAGES=4),
+                "sk4": dict(base, PERSIST=4, K_STAGES=3),
+                "sk3-s4": dict(base, PERSIST=3, K_STAGES=4),
+                "sk3-n16": dict(base, BLOCK_N=16, BLOCK_K=256, PERSIST=3, K_STAGES=4)}
+    base = {"DOT": 1, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
+    grid = {"k6": dict(base, K_STAGES=6),
+            "sk4": dict(base, PERSIST=4),
+            "sk3-k6": dict(base, PERSIST=3, K_STAGES=6),
+            "sk4-n16": dict(base, BLOCK_N=16, BLOCK_K=256, PERSIST=4, K_STAGES=4)}
+    if bucket == 2:
+        grid["fma-sk4"] = {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 256, "num_warps": 4, "num_stages": 1,
+                           "PERSIST": 4, "K_STAGES": 4}
+    return grid
+
+
+def run_variants(ops, target, copy_gbps):
+    """--variants: rows of the report, one per (shape, rows, side)."""
+    out = []
+    for op in ops:
+        for rows in ROWS:
+            sides = {"table": launch_params.config_for(target, op.n, op.k, rows, op.silu)}
+            sides.update(variant_grid(launch_params.row_bucket(rows)))
+            calls = {"platform": op.platform(rows)}
+            calls.update({name: op.triton(rows, cfg) for name, cfg in sides.items()})
+            t = timed(calls, op.copies)
+            x = op.x[rows]
+            ref = x.double() @ op.w[0].double().T
+            gb = op.bytes(rows) / 1e9
+            best = min((name for name in sides), key=lambda name: t[name])
+            for name, fn in calls.items():
+                pct = 100 * gb / (t[name] * 1e-6) / copy_gbps
+                out.append({"op": op.name, "n": op.n, "k": op.k, "rows": rows, "side": name,
+                            "config": sides.get(name), "us": round(t[name], 2), "pct": pct,
+                            "ratio": t[name] / t["platform"], "err": rel_error(fn(0), ref), "best": name == best})
+            del ref
+            log(f"{op.name} rows {rows}: platform {t['platform']:.1f} us, table {t['table']:.1f} us, best {best} "
+                f"{t[best]:.1f} us")
+        op.free()
+    return out
+
+
+def variants_markdown(meta, rows):
+    out = [f"# Decode GEMV kernel variants, small-N shapes: {meta['device']}", "",
+           f"Command: `{meta['command']}`", "",
+           (f"Device copy bandwidth (read + write, timed eagerly): {meta['copy_GBps']:.0f} GB/s. Platform: F.linear "
+            f"({meta['platform']}). bf16, no bias. us per call, CUDA/HIP-graph replay, median of 7, all sides of a "
+            "(shape, rows) interleaved in one call; weights rotated through copies larger than the L2 cache."),
+           ("% copy = (W + x + out) bytes / time / copy bandwidth; /platform = time / platform time (< 1: faster); "
+            "err = ||y - y64|| / ||y64||; table = launch_params' entry for the shape; * = fastest GEMV side."), "",
+           "| GEMM | N x K | rows | side | us | % copy | /platform | err | config |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cfg = " ".join(f"{k}={v}" for k, v in r["config"].items()) if r["config"] else "F.linear"
+        star = " *" if r["best"] else ""
+        out.append(f"| {r['op']} | {r['n']}x{r['k']} | {r['rows']} | {r['side']}{star} | {r['us']:.1f} | "
+                   f"{r['pct']:.0f}% | {r['ratio']:.3f} | {r['err']:.1e} | {cfg} |")
+    out += ["", "Best GEMV side per shape and rows (target: >= 92% of copy bandwidth at 1 row, >= 90% at 2-8):", "",
+            "| GEMM | N x K | rows | best | % copy | /platform | table % copy | platform % copy |",
+            "|---|---|---|---|---|---|---|---|"]
+    by_key = {}
+    for r in rows:
+        by_key.setdefault((r["op"], r["n"], r["k"], r["rows"]), {})[r["side"]] = r
+    for (op, n, k, nrows), sides in by_key.items():
+        best = next(r for r in sides.values() if r["best"])
+        out.append(f"| {op} | {n}x{k} | {nrows} | {best['side']} | {best['pct']:.0f}% | {best['ratio']:.3f} | "
+                   f"{sides['table']['pct']:.0f}% | {sides['platform']['pct']:.0f}% |")
+    return "\n".join(out) + "\n"
 
 
 # --- setup and timing ---------------------------------------------------------------------------
@@ -283,6 +385,8 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=150.0, help="stop the sweep after this many seconds")
     ap.add_argument("--tag", default="", help="appended to the output file names")
     ap.add_argument("--smoke", action="store_true", help="check the script on the CPU (TRITON_INTERPRET=1)")
+    ap.add_argument("--variants", action="store_true",
+                    help="instead of the sweep and table: the small-N shapes, table entry vs kernel variants vs platform")
     args = ap.parse_args(argv)
     if args.smoke:
         if os.environ.get("TRITON_INTERPRET") != "1":
@@ -307,6 +411,26 @@ def main(argv=None):
     log(f"device {name} (target {target}), L2 {l2 >> 20} MiB; torch {torch.__version__}, triton {triton.__version__}")
     copy_gbps = copy_bandwidth()
     log(f"device copy bandwidth: {copy_gbps:.0f} GB/s ({time.time() - t_start:.0f} s)")
+
+    command = "python -m kernels.gemv.bench" + " ".join([""] + (argv if argv is not None else sys.argv[1:]))
+    command = command.replace(f" --out {args.out}", "")
+    stamp = datetime.date.today().isoformat()
+    dev = name.replace(" ", "-").lower()
+    if args.variants:
+        shapes = [s for s in SHAPES if not s[3] and (SMOKE or s[0] in VARIANT_SHAPES)]
+        ops = [Op(op_name, n, k, silu, l2) for op_name, n, k, silu in shapes]
+        rows_out = run_variants(ops, target, copy_gbps)
+        meta = {"device": name, "target": target, "copy_GBps": copy_gbps, "platform": platform,
+                "torch": torch.__version__, "triton": triton.__version__, "command": command,
+                "seconds": round(time.time() - t_start),
+                "variants": {str(b): variant_grid(b) for b in launch_params.ROW_BUCKETS}}
+        md = variants_markdown(meta, rows_out)
+        base_path = os.path.join(args.out, f"{stamp}-{dev}-gemv-variants" + (f"-{args.tag}" if args.tag else ""))
+        write_text(base_path + ".json", json.dumps({"meta": meta, "rows": rows_out}, indent=1))
+        write_text(base_path + ".md", md)
+        log(f"wrote {base_path}.{{json,md}} in {time.time() - t_start:.0f} s")
+        print(md)
+        return base_path
 
     ops = []
     for op_name, n, k, silu in SHAPES:
@@ -348,12 +472,9 @@ def main(argv=None):
                 f"{t['platform']:.1f} us ({r['platform_pct']:.0f}%) -> {r['pick']}")
         op.free()
 
-    stamp = datetime.date.today().isoformat()
-    dev = name.replace(" ", "-").lower()
     base_path = os.path.join(args.out, f"{stamp}-{dev}-gemv" + (f"-{args.tag}" if args.tag else ""))
-    command = "python -m kernels.gemv.bench" + " ".join([""] + (argv if argv is not None else sys.argv[1:]))
     meta = dict(device=name, target=target, copy_GBps=copy_gbps, platform=platform, config_source=source,
-                torch=torch.__version__, triton=triton.__version__, command=command.replace(f" --out {args.out}", ""),
+                torch=torch.__version__, triton=triton.__version__, command=command,
                 seconds=round(time.time() - t_start), swept=not args.quick, sweep_skipped=skipped,
                 suggested_launch_params_entry=entry if not args.quick else None)
     md = markdown(meta, table)
