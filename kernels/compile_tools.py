@@ -23,7 +23,9 @@ def gpu_target(target: str):
 
 
 def ptxas_usage(ptx: str, arch: int) -> dict:
-    """Registers and spill-store bytes per thread from ``ptxas -v`` on ``ptx``."""
+    """Registers and spill-store bytes per thread from ``ptxas -v`` on ``ptx``, and ``serialized``: None, or the
+    reason of ptxas's advisory that it serialized the wgmma pipeline (sm90: C7510-C7519, "Potential Performance
+    Loss: wgmma.mma_async instructions are serialized due to ..."), shortened to "Cxxxx: reason"."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -38,7 +40,10 @@ def ptxas_usage(ptx: str, arch: int) -> dict:
     text = out.stderr + out.stdout
     regs = re.findall(r"Used (\d+) registers", text)
     spills = re.findall(r"(\d+) bytes spill stores", text)
-    return dict(regs=int(regs[-1]) if regs else None, spills=int(spills[-1]) if spills else None)
+    serial = re.search(r"\((C75\d\d)\) Potential Performance Loss: wgmma\.mma_async instructions are serialized "
+                       r"due to (.*?)(?: (?:in|for) the function|\.?$)", text, re.MULTILINE)
+    return dict(regs=int(regs[-1]) if regs else None, spills=int(spills[-1]) if spills else None,
+                serialized=f"{serial.group(1)}: {serial.group(2)[:120]}" if serial else None)
 
 
 def amdgcn_usage(gcn: str) -> dict:

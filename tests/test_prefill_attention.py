@@ -272,8 +272,27 @@ def test_env_override_is_read(monkeypatch):
 
 # --- 8-bit caches: the 16-bit mirror for long chunks -----------------------------------------------
 
+FORMS = ["f16", "q", "q-tile", "q-tile-hm"]  # prefill_attention.MIRROR_FORMS
+
+
+def _nan_mirror(pa_mod, form, tokens=512, hkv=1, d=16):
+    """The mirror buffer for ``form``, allocated now and filled with NaN: a kernel that reads a slot the mirror kernel
+    did not write gives NaN."""
+    pa_mod._MIRRORS.clear()
+    buf, scales = pa_mod._mirror_buffer(torch.device("cpu"), hkv, d, tokens, pa_mod.MIRROR_FORMS[form][1])
+    buf.fill_(float("nan"))
+    scales.fill_(float("nan"))
+    return buf, scales
+
+
+def test_mirror_forms_are_the_kernels():
+    pa_mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
+    assert list(pa_mod.MIRROR_FORMS) == FORMS and pa_mod.MIRROR_DEFAULT_FORM in FORMS
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
-def test_mirror_path_matches_reference_and_direct_path(kv_quant):
+def test_mirror_path_matches_reference_and_direct_path(kv_quant, form):
     pa_mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
 
     # 2 mirror pages of 256 tokens: sequence 0 (70-token chunk, 170 tokens) takes one; sequence 2 (64-token chunk,
@@ -281,27 +300,91 @@ def test_mirror_path_matches_reference_and_direct_path(kv_quant):
     chunks = [(70, 100), (1, 50), (64, 300), (20, 9)]
     case = make_case(chunks, block_size=48, kv_quant=kv_quant, d=16, hq=6, hkv=1, seed=12)
     max_k = int(case["seq_lens"].max())
-    pa_mod._MIRRORS.clear()
-    mirrored = run(case, params=p(16), mirror_params=p(32, 32), max_seqlen_k=max_k, mirror=512, software_fp8=True)
+    codes, scales = _nan_mirror(pa_mod, form)
+    mirrored = run(case, params=p(16), mirror_params=p(32, 32), max_seqlen_k=max_k, mirror=512, software_fp8=True,
+                   mirror_form=form)
     direct = run(case, params=p(16), max_seqlen_k=max_k, mirror=0, software_fp8=True)
     want = reference(case)
     assert_close(mirrored, want, torch.bfloat16)
     assert_close(direct, want, torch.bfloat16)
     # the mirror holds sequence 0's keys in its first page: each code's exact value (x 2^-7 for int8, 2^-8 for
-    # e4m3) in fp16 and the scales unchanged; its values as code x scale rounded once to bf16 (to nearest on a GPU;
-    # Triton's interpreter truncates, so within one bf16 step here)
-    ((codes, scales),) = pa_mod._MIRRORS.values()
+    # e4m3) in fp16 ("f16") or in q's bf16, and the scales unchanged; its values as code x scale rounded once to
+    # bf16 (to nearest on a GPU; Triton's interpreter truncates, so within one bf16 step here); the rest of the
+    # page zeros
     from kernels.kv_quant.reference import decode_codes
 
     pages = case["block_table"][0, :4].long()
     unit = 128.0 if kv_quant == "int8" else 256.0
+    got_k = codes[0, 0] if form == "f16" else codes[0, 0].view(torch.bfloat16)
+    got_s = scales[0].t() if pa_mod.MIRROR_FORMS[form][1] else scales[0]  # as [MIRROR_PAGE, kv_heads]
     want_codes = decode_codes(case["k_cache"][pages], kv_quant).reshape(-1, 1, 16)[:170].double() / unit
-    assert torch.equal(codes[0, 0, :170].double(), want_codes)
-    assert torch.equal(scales[0, :170], case["k_scales"][pages].reshape(-1, 1)[:170])
+    assert torch.equal(got_k[:170].double(), want_codes)
+    assert torch.equal(got_s[:170], case["k_scales"][pages].reshape(-1, 1)[:170])
     v_codes = decode_codes(case["v_cache"][pages], kv_quant).reshape(-1, 1, 16)[:170].float()
     want_v = (v_codes * case["v_scales"][pages].reshape(-1, 1, 1)[:170]).double()
     got_v = codes[0, 1, :170].view(torch.bfloat16).double()
     assert ((got_v - want_v).abs() <= want_v.abs() * 2.0**-7).all()
+    assert (got_k[170:] == 0).all() and (got_s[170:] == 0).all() and (codes[0, 1, 170:] == 0).all()
+
+
+def _mirrored(case, form, **kw):
+    """``case`` through the mirror in ``form`` (every chunk >= MIRROR_MIN_QUERY fits), read from a NaN-filled
+    buffer."""
+    pa_mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
+    _nan_mirror(pa_mod, form, d=case["q"].shape[2])
+    return run(case, params=p(16), mirror_params=p(16, 32), max_seqlen_k=int(case["seq_lens"].max()), mirror=512,
+               mirror_form=form, software_fp8=True, **kw)
+
+
+def _rel(out, want):
+    return ((out.double() - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
+def test_mirror_forms_hold_large_keys_and_v_across_the_range(kv_quant, form):
+    # |K| ~3e4 (where a bf16-valued K moved scores by whole nats) with tiny and huge V, and fp16 queries
+    for seed, v_mag, dtype in ((30, 1e-6, torch.bfloat16), (31, 1e5, torch.bfloat16), (32, 1.0, torch.float16)):
+        case = make_case([(70, 90)], block_size=16, kv_quant=kv_quant, d=16, k_mag=3e4, v_mag=v_mag, dtype=dtype,
+                         seed=seed)
+        out = _mirrored(case, form)
+        assert torch.isfinite(out).all() and _rel(out, reference(case)) < 1e-2, (v_mag, dtype)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
+def test_mirror_forms_keep_extreme_finite_inputs_finite(kv_quant, form):
+    case = make_case([(64, 20)], block_size=16, d=16, kv_quant=kv_quant, q_mag=1e20, k_mag=1e20, v_mag=1e37,
+                     seed=33)
+    out = _mirrored(case, form)
+    assert torch.isfinite(out).all()
+    assert out.abs().max() <= case["q"].new_tensor(4e37).float()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_mirror_forms_keep_keys_below_the_max_when_subnormals_flush(form):
+    case = make_case([(64, 200)], block_size=16, kv_quant="int8", d=32, seed=34,
+                     kv_fn=huge_v_keys_below_the_max(32))
+    with subnormals_flushed():
+        out = _mirrored(case, form)
+    assert torch.isfinite(out).all() and _rel(out, reference(case)) < 1e-2
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_mirror_forms_env_setting_is_read_and_checked(monkeypatch, form):
+    from kernels.prefill_attention.prefill_attention import MIRROR_FORM_ENV, mirror_form_setting
+
+    assert mirror_form_setting({}) == "f16" and mirror_form_setting({MIRROR_FORM_ENV: form}) == form
+    with pytest.raises(ValueError, match=MIRROR_FORM_ENV):
+        mirror_form_setting({MIRROR_FORM_ENV: "bf16-values"})
+    monkeypatch.setenv(MIRROR_FORM_ENV, form)
+    case = make_case([(64, 40)], block_size=16, kv_quant="fp8", d=16, seed=35)
+    pa_mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
+    _nan_mirror(pa_mod, form)
+    out = run(case, params=p(16), mirror_params=p(16), max_seqlen_k=104, mirror=512, software_fp8=True)
+    assert_close(out, reference(case), torch.bfloat16)
+    ((codes, _),) = pa_mod._MIRRORS.values()
+    assert not torch.isnan(codes[0, 0, :104]).any()  # this form's buffer was the one written
 
 
 def test_mirror_flow_needs_a_host_max_length_and_serves_every_batch(monkeypatch):
@@ -349,7 +432,7 @@ def test_table_entries_compile_within_the_targets_limits(target):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout)
-    assert [r["kv"] for r in rows] == ["bf16", "mirror", "8-bit"]
+    assert [r["kv"] for r in rows] == ["bf16", "mirror", "mirror q", "mirror q-tile", "mirror q-tile-hm", "8-bit"]
     for r in rows:
         assert "error" not in r, r
         if target.startswith("gfx"):
