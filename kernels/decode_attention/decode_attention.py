@@ -24,16 +24,14 @@ S: q is multiplied by a power of two that puts max|q| at 2^12 (exact, undone in 
 products stay below 2^13 x 1.75 whatever |K| is (|K| 6e4 and beyond: the K scale and the power of
 two go into S's float32 column factor after the dot).
 V: each key's V factor (V scale x code unit x 2^-8, so V = fp16 code x factor x 2^8) goes into its score as
-log2(factor): the running max m is taken over t = score + log2(factor), so P' = P x factor = exp2(t - m) is in
-[0, 1] for V of any magnitude and goes to the dot with the fp16 codes; acc sums P' x codes (bounded by the key
-count). One exponential per (row, key), biased: p = exp2(score - m + 40) is summed for l (l = 2^40 x the softmax's
-sum) and P' = p x exp2(log2 factor - 40) (one exponential per key, not per row and key). The bias keeps both in
-float32's normal range: V scales are floored at 2^-64 in the log (a zero scale's codes are all 0), so log2(factor)
-lies in [-65, ~120], score - m in [-inf, 65], p <= 2^105 and l <= 2^125 for up to 2^20 keys; the key that sets m
-has p >= 2^-80, so l >= 2^-80 and a key whose p flushes to zero (< 2^-126; GPUs flush float32 subnormals) weighs
-less than 2^-46 of the softmax, and its P' is below 2^-46 too. The partial output (acc / l x 2^48) and the
-log-sum-exp (m + log2 l - 40) are true values for stage 2. Per tile this costs one log2 and one exponential per
-key and one add and one multiply per (row, key) beyond the bf16 kernel's softmax; no extra reduction.
+log2(factor): the running max m is taken over t = score + log2(factor), P' = exp2(t - m) = P x factor is in [0, 1]
+for V of any magnitude and goes to the dot with the fp16 codes, acc sums P' x codes (bounded by the key count),
+and l sums the softmax's own exp2(score - m + 32) (an exponential of its own: a key whose P' underflows, such as
+a zero-V key next to |V| ~1e37, still carries probability). V scales are floored at 2^-64 in the log (a zero
+scale's codes are all 0), so log2(factor) lies in [-65, ~120] and l (kept x 2^32) in [2^-88, 2^117] for up to
+2^20 keys, clear of float32's flush-to-zero and overflow; the partial output (acc / l x 2^40) and the
+log-sum-exp (m + log2 l - 32) are true values for stage 2. Per tile this costs one log2 per key, one add and
+one more exponential per (row, key); no reduction beyond the row max the softmax has anyway.
 Changed 2026-12 (issue #15): the kernel used to put V scale x code unit itself into fp16 P, which lost heads
 with |V| ~ 1e-6 to fp16 subnormals (5-9% error on the H200) and saturated P at 65504 for |V| above ~65000
 (int8) / ~114000 (fp8) (22% at 1e5). A first fix kept P in [0, 1] by dividing the V scales by the tile's
@@ -44,9 +42,7 @@ bench/results/2026-12-02-h200-device-runs-2.md, both kernels in one call). Accur
 float64 reference on the dequantized cache for |V| in 1e-6..1e37 and |K| up to 6e4
 (tests/test_decode_attention.py, tests/gpu/test_decode_attention_gpu.py).
 Scores are not clamped: |q . k x scale| must stay within float32 (the prefill kernel saturates S
-at +-3e38 for inputs beyond that); with 8-bit caches below 2^28 in log2 units (~1.9e8 nats, far above any
-model's), where score + log2 factor still rounds to within 16 of its exact value, so P' stays below fp16's
-largest value.
+at +-3e38 for inputs beyond that).
 Rows past the end of a sequence re-read its last token instead of being masked, so the K/V loads
 carry no row mask. On CUDA the conversions are PTX (4 codes per instruction sequence; the software
 e4m3 path uses integer ops only); elsewhere the same values come from portable Triton ops. Only the
@@ -68,11 +64,11 @@ _MERGE_DIM = 64  # head_dim columns per stage-2 program (more programs, fewer se
 _KV_QUANT = {None: 0, "fp8": 1, "int8": 2}
 # constexpr: the compiler (unlike the interpreter) refuses plain Python globals inside a kernel
 # 8-bit caches (docstring): log2 of the V factor is at least -65 (V scales floored at 2^-64) and at most ~120
-# (bf16's largest V); p = exp2(score - m + 40) and l (their sum) stay within [2^-80, 2^125] for up to 2^20 keys
-# wherever they matter, clear of float32's flush-to-zero and overflow
+# (bf16's largest V); l is kept x 2^32, so with P' = exp2(score + log2 factor - m) it stays within [2^-88, 2^117]
+# for up to 2^20 keys, clear of float32's flush-to-zero and overflow
 _V_SCALE_FLOOR = tl.constexpr(5.421010862427522e-20)  # 2^-64
-_L_SHIFT = tl.constexpr(40.0)
-_KV8_OUT_FACTOR = tl.constexpr(281474976710656.0)  # 2^48 = 2^8 (the V factor's) x 2^40 (l's)
+_L_SHIFT = tl.constexpr(32.0)
+_KV8_OUT_FACTOR = tl.constexpr(1099511627776.0)  # 2^40 = 2^8 (the V factor's) x 2^32 (l's)
 
 
 @triton.jit
@@ -294,14 +290,14 @@ def _decode_split_kernel(
             s = s * scale_log2
         s = tl.where(n_mask[None, :], s, float("-inf"))
         if KV_QUANT != 0:
-            # V factor folded into the score as its log (docstring): the running max is over score + log2(V factor);
-            # p = exp2(score - m + 40) is summed for l, P' = p x exp2(log2 factor - 40) <= 1 goes to the dot
-            v_log2 = _v_scale_log2(v_scale, KV_QUANT)
-            m_new = tl.maximum(m_i, tl.max(s + v_log2[None, :], axis=1))
+            # V factor folded into the score as its log (docstring): the running max is over t = score + log2(V
+            # factor), P' = exp2(t - m) <= 1 goes to the dot with the codes, l sums exp2(score - m + 32) (its own
+            # exponential: a key whose P' underflows can still carry probability, e.g. a zero-V key)
+            t = s + _v_scale_log2(v_scale, KV_QUANT)[None, :]
+            m_new = tl.maximum(m_i, tl.max(t, axis=1))
             alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None] + _L_SHIFT)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            p = p * tl.exp2(v_log2 - _L_SHIFT)[None, :]
+            l_i = l_i * alpha + tl.sum(tl.exp2(s - m_new[:, None] + _L_SHIFT), axis=1)
+            p = tl.exp2(t - m_new[:, None])
         else:
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp2(m_i - m_new)
@@ -318,7 +314,7 @@ def _decode_split_kernel(
     o = acc / l_i[:, None]
     lse = m_i + tl.log2(l_i)
     if KV_QUANT != 0:
-        o = o * _KV8_OUT_FACTOR  # acc: values x 2^-48 (2^-8: _v_scale_log2, 2^-40: P' bias); l_i: sum x 2^40
+        o = o * _KV8_OUT_FACTOR  # acc: values x 2^-8 (_v_scale_log2); l_i: the softmax's sum x 2^32
         lse = lse - _L_SHIFT
     if n_splits == 1:
         tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=hd_mask)
