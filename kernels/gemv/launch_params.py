@@ -15,10 +15,6 @@ Keys of an entry:
                 BLOCK_K     K elements per loop step (16-byte vector loads along K);
                 num_warps, num_stages, and on ROCm waves_per_eu, matrix_instr_nonkdim;
                 SPLIT_K     optional: force this many K splits (else the policy above);
-                PERSIST     optional: stream-K instead of the (N tiles, K splits) grid: PERSIST x SMs
-                            programs share the (N tile, K tile) work units equally, a tile cut
-                            between programs is summed in program order by its last finisher
-                            (deterministic, one launch; excludes SPLIT_K);
                 K_STAGES    optional: the K loop as tl.range(num_stages=K_STAGES): Triton pipelines the
                             W loads through shared memory (async copies on sm90), on the FMA path too,
                             so K_STAGES - 1 tiles per program stay in flight;
@@ -45,8 +41,8 @@ MAX_ROWS = 8
 ROW_BUCKETS = (1, 2, 4, 8)
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_k")
-_LAUNCH_KEYS = ("DOT", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K", "PERSIST", "K_STAGES",
-                "waves_per_eu", "matrix_instr_nonkdim")
+_LAUNCH_KEYS = ("DOT", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K", "K_STAGES", "waves_per_eu",
+                "matrix_instr_nonkdim")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 _REQUIRED = ("DOT", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 # FMA path: fp32 accumulator elements per lane (BLOCK_M x BLOCK_N x BLOCK_K / lanes); above this the
@@ -209,11 +205,9 @@ def check_config(cfg: dict, where: str, rocm: bool | None = None, rows: int | No
         raise ValueError(f"{where}: BLOCK_K must be a power of two >= 16, got {cfg['BLOCK_K']!r}")
     if not _is_pow2(cfg["num_warps"]) or cfg["num_warps"] > 16:
         raise ValueError(f"{where}: num_warps must be 1, 2, 4, 8 or 16, got {cfg['num_warps']!r}")
-    for key in ("num_stages", "SPLIT_K", "PERSIST", "K_STAGES"):
+    for key in ("num_stages", "SPLIT_K", "K_STAGES"):
         if key in cfg and (not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1):
             raise ValueError(f"{where}: {key} must be a positive integer, got {cfg[key]!r}")
-    if "PERSIST" in cfg and "SPLIT_K" in cfg:
-        raise ValueError(f"{where}: PERSIST (stream-K) and SPLIT_K exclude each other; got both")
     for key in _ROCM_ONLY:
         if key in cfg:
             if rocm is False:
