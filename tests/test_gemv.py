@@ -180,6 +180,16 @@ def test_k_stages_fused_silu_mul_matches_reference(rows, cfg, dtype):
     check(y, x, w, b, silu_mul=True)
 
 
+def test_sm90_table_pipelines_the_k_loop_only_where_measured():
+    # one row of the N = 5120 shapes (bench --variants, 2026-12-02); the row bucket's tiles otherwise unchanged
+    for k in (6144, 17408):
+        cfg = launch_params.config_for("sm90", 5120, k, 1)
+        assert cfg == {**launch_params.config_for("sm90", 4096, k, 1), "K_STAGES": 3}
+        assert all("K_STAGES" not in launch_params.config_for("sm90", 5120, k, r) for r in (2, 4, 8))
+    assert "K_STAGES" not in launch_params.config_for("sm90", 16384, 5120, 1)
+    assert "K_STAGES" not in launch_params.config_for("sm90", 5120, 6144, 1, silu_mul=True)
+
+
 def test_strided_and_3d_inputs_are_handled():
     x, w, b = case(6, 24, 40, torch.bfloat16)
     # rows with a stride (a column slice of a wider tensor) and a 3-D batch shape
@@ -274,7 +284,9 @@ def test_shape_override_merges_over_the_bucket():
     ov = json.dumps({"shapes": {"5120x6144": {"1": {"SPLIT_K": 2}}, "34816x5120+silu": {"8": {"BLOCK_K": 128}}}})
     e = launch_params.get_params("sm90", override=ov)
     cfg = launch_params.config_for("sm90", 5120, 6144, 1, entry=e)
-    assert cfg == {**launch_params.PARAMS["sm90"]["rows"]["1"], "SPLIT_K": 2}
+    # merged over the table's own entry for the shape (K_STAGES 3), not in place of it
+    sm90 = launch_params.PARAMS["sm90"]
+    assert cfg == {**sm90["rows"]["1"], **sm90["shapes"]["5120x6144"]["1"], "SPLIT_K": 2}
     assert launch_params.config_for("sm90", 5120, 6144, 2, entry=e) == launch_params.PARAMS["sm90"]["rows"]["2"]
     assert launch_params.config_for("sm90", 34816, 5120, 7, silu_mul=True, entry=e)["BLOCK_K"] == 128
     assert "SPLIT_K" not in launch_params.config_for("sm90", 5120, 6144, 1, silu_mul=True, entry=e)

@@ -19,7 +19,7 @@ stream over W: the kernel is built for bytes in flight, not for math.
   identical from run to run (no float atomics).
 * K_STAGES (launch parameter): the K loop as tl.range(num_stages=K_STAGES), which Triton pipelines
   through shared memory with async copies on sm90, the FMA path included: K_STAGES - 1 W tiles per
-  program in flight instead of the one tile of the plain loop.
+  program in flight instead of the one tile of the plain loop (sm90: K_STAGES 3 at one row for N = 5120).
 * Stream-K (a fixed grid of a few programs per SM sharing the (N tile, K tile) units) was tried and
   measured slower on the H200 at every shape and row count (2026-12-02, bench --variants: 1 row
   1.02-1.07x the table's time, e.g. 16384x5120 44.2 vs 42.4 us; 2-8 rows 1.02-1.33x); removed, its code is in commit 6aaf4c5.

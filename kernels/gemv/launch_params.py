@@ -94,6 +94,13 @@ _SM90 = {
     "shapes": {
         "96x5120": {"1": {"SPLIT_K": 16}, "2": {"BLOCK_K": 512, "BLOCK_N": 8, "DOT": 0, "SPLIT_K": 16, "num_stages": 1}},
         "14336x5120": {"1": {"BLOCK_K": 256, "BLOCK_N": 16}},
+        # K loop pipelined 3 deep at one row (same tiles): python -m kernels.gemv.bench --variants, 2026-12-02,
+        # one call, % of the eagerly timed copy bandwidth (4220 GB/s): 5120x6144 18.0 us (83%) vs 18.2 us (82%)
+        # without, cuBLAS 19.7 us (76%); 5120x17408 42.9 us (98%) vs 44.5 us (95%), cuBLAS 49.6 us (85%).
+        # No gain at 16384x5120 (43.2 vs 42.4 us) or 14336x5120 (37.1 vs 37.0); 2-8 rows (DOT 32x128,
+        # K_STAGES 6) 1.22-1.35x cuBLAS's time against the table's 1.02-1.07x.
+        "5120x6144": {"1": {"K_STAGES": 3}},
+        "5120x17408": {"1": {"K_STAGES": 3}},
         "34816x5120": {"2": {"BLOCK_K": 128, "BLOCK_N": 64, "num_stages": 4}, "4": {"BLOCK_N": 64}, "8": {"BLOCK_N": 64}},
     },
 }
