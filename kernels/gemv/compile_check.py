@@ -7,8 +7,9 @@ override; plain, split-K partial and fused SiLU-mul variants, bf16) the kernel i
 Triton's own compiler for that GPU (CUDA: sm90 via the ptxas Triton ships; DCU: gfx90a, the wave64
 target upstream LLVM knows, as a proxy for gfx936/gfx928, which only Hygon's toolchain compiles)
 and its registers, spills, shared memory / LDS and, on CUDA, async-copy and 16-byte-load counts are
-printed. --sweep adds bench.py's sweep grid, --variants the kernel variants of bench.py --variants
-(stream-K PERSIST, pipelined K_STAGES). Must run without TRITON_INTERPRET=1.
+printed. --sweep adds bench.py's sweep grid, --variants the configurations bench.py --variants times
+(every shape's one-row entry with the K loop plain or pipelined K_STAGES 2 / 3 / 4 deep). Must run
+without TRITON_INTERPRET=1.
 """
 import argparse
 import json
@@ -26,10 +27,6 @@ from . import launch_params
 _SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "wu_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32",
         "M": "i32", "N_OUT": "i32", "K": "i32", "tiles_per_split": "i32",
         "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"}
-# the stream-K kernel (a launch with PERSIST)
-_SIG_SK = {"x_ptr": "*bf16", "w_ptr": "*bf16", "wu_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N_OUT": "i32", "K": "i32", "n_programs": "i32",
-           "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"}
 _DIV16 = ("x_ptr", "w_ptr", "wu_ptr", "b_ptr", "out_ptr", "ws_ptr", "N_OUT", "K", "stride_xm", "stride_wn", "stride_om")
 
 
@@ -38,7 +35,7 @@ def compile_config(cfg: dict, target: str, *, rows_bucket: int, partial=False, s
     import triton
     from triton.compiler import ASTSource
 
-    from .gemv import _DOT_ROWS, _gemv_kernel, _gemv_streamk_kernel
+    from .gemv import _DOT_ROWS, _gemv_kernel
 
     cfg = dict(cfg)
     cfg.pop("SPLIT_K", None)
@@ -46,16 +43,11 @@ def compile_config(cfg: dict, target: str, *, rows_bucket: int, partial=False, s
     consts = dict(BLOCK_M=_DOT_ROWS if dot else rows_bucket, BLOCK_N=cfg.pop("BLOCK_N"), BLOCK_K=cfg.pop("BLOCK_K"),
                   DOT=dot, PARTIAL=partial, HAS_BIAS=False, SILU_MUL=silu_mul, EVEN_K=True,
                   K_STAGES=cfg.pop("K_STAGES", 0))
-    if cfg.pop("PERSIST", None) is not None:  # stream-K: its own kernel (no PARTIAL: cut tiles are always possible)
-        kernel_fn, base_sig = _gemv_streamk_kernel, _SIG_SK
-        del consts["PARTIAL"]
-    else:
-        kernel_fn, base_sig = _gemv_kernel, _SIG
-    sig = dict(base_sig)
+    sig = dict(_SIG)
     sig.update({k: "constexpr" for k in consts})
-    names = list(base_sig)
+    names = list(_SIG)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in _DIV16}
-    src = ASTSource(kernel_fn, sig, constexprs=consts, attrs=attrs)
+    src = ASTSource(_gemv_kernel, sig, constexprs=consts, attrs=attrs)
     kernel = triton.compile(src, target=gpu_target(target), options=cfg)
     report = dict(shared=kernel.metadata.shared)
     if "cubin" in kernel.asm:
@@ -91,7 +83,7 @@ def configs(target: str, sweep: bool = False, variants: bool = False):
     out = []
 
     def add(label, cfg, b, silu):
-        for partial in (False,) if "PERSIST" in cfg else (False, True):
+        for partial in (False, True):
             key = (json.dumps(cfg, sort_keys=True), b if not cfg["DOT"] else 16, partial, silu)
             if key not in seen:
                 seen.add(key)
@@ -111,11 +103,12 @@ def configs(target: str, sweep: bool = False, variants: bool = False):
             for cfg in sweep_grid(b, rocm=not target.startswith("sm")):
                 add(f"sweep rows {b}", cfg, b, False)
     if variants:
-        from .bench import variant_grid
+        from .bench import SHAPES, VARIANT_ROWS, variant_grid
 
-        for b in launch_params.ROW_BUCKETS:
-            for name, cfg in variant_grid(b).items():
-                add(f"variant {name} rows {b}", cfg, b, False)
+        b = VARIANT_ROWS
+        for _, n, k, silu in SHAPES:
+            for name, cfg in variant_grid(launch_params.config_for(target, n, k, b, silu, entry=entry)).items():
+                add(f"variant {launch_params.shape_name(n, k, silu)} {name} rows {b}", cfg, b, silu)
     return out
 
 
@@ -123,7 +116,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", action="append", help="launch_params target (repeatable; default sm90 and gfx936)")
     ap.add_argument("--sweep", action="store_true", help="also every configuration of bench.py's sweep")
-    ap.add_argument("--variants", action="store_true", help="also bench.py's kernel variants (--variants)")
+    ap.add_argument("--variants", action="store_true", help="also the configurations of bench.py --variants")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":

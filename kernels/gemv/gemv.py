@@ -17,15 +17,12 @@ stream over W: the kernel is built for bytes in flight, not for math.
   its fp32 partial sums to a workspace [splits, M, N]; a second small kernel adds the splits in a
   fixed order (0, 1, 2, ...), then the bias and the activation, so results are deterministic and
   identical from run to run (no float atomics).
-* Stream-K (launch parameter PERSIST, off in the tables until measured): instead of the (N tiles,
-  K splits) grid, PERSIST x SMs programs each stream the same number of (N tile, K tile) units, so no
-  partly filled last wave; a tile cut between programs is summed in program order by the last of them
-  to finish (a per-tile ticket, fp32 partials in a workspace): deterministic, one launch, graph-safe
-  (the tickets are zeroed once per device, before any capture, and every launch leaves them at zero).
-  The stream-K launch assumes one GEMV at a time per device (kernels on one stream).
 * K_STAGES (launch parameter): the K loop as tl.range(num_stages=K_STAGES), which Triton pipelines
   through shared memory with async copies on sm90, the FMA path included: K_STAGES - 1 W tiles per
-  program in flight instead of the one tile of the plain loop.
+  program in flight instead of the one tile of the plain loop (sm90: K_STAGES 3 at one row for N = 5120).
+* Stream-K (a fixed grid of a few programs per SM sharing the (N tile, K tile) units) was tried and
+  measured slower on the H200 at every shape and row count (2026-12-02, bench --variants: 1 row
+  1.02-1.07x the table's time, e.g. 16384x5120 44.2 vs 42.4 us; 2-8 rows 1.02-1.33x); removed, its code is in commit 6aaf4c5.
 * Fused SiLU-and-mul (vLLM's SiluAndMul convention): W = [gate; up] with N = 2 * N_out rows; a
   program reads gate row n and up row N_out + n for each of its columns and writes
   silu(g) * u in fp32 before the one rounding to the output dtype.
@@ -88,57 +85,6 @@ def _k_step(acc, acc_u, t, x_ptr, x_rows, w_rows, u_rows, m_mask, offs_k, K,
     return acc, acc_u
 
 
-@triton.jit
-def _k_loop(t_begin, t_end, x_ptr, x_rows, w_rows, u_rows, m_mask, offs_k, K,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
-            SILU_MUL: tl.constexpr, EVEN_K: tl.constexpr, K_STAGES: tl.constexpr):  # fmt: skip
-    """Sum over K tiles [t_begin, t_end) of one program's rows: (y, y_u) as fp32 [BLOCK_M, BLOCK_N]
-    (y_u: the up half with SILU_MUL, else unused). K_STAGES > 0: the loop is a tl.range pipelined
-    that many stages deep (async copies of the W tiles on GPUs that have them, FMA path included)."""
-    # accumulators: DOT [BLOCK_M, BLOCK_N]; FMA [BLOCK_N, BLOCK_K] at one row, else [BLOCK_M, BLOCK_N, BLOCK_K]
-    if DOT:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    elif BLOCK_M == 1:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_u = acc  # only updated (and kept) with SILU_MUL
-    if K_STAGES > 0:
-        for t in tl.range(t_begin, t_end, num_stages=K_STAGES):
-            acc, acc_u = _k_step(acc, acc_u, t, x_ptr, x_rows, w_rows, u_rows, m_mask, offs_k, K,
-                                 BLOCK_M, BLOCK_K, DOT, SILU_MUL, EVEN_K)
-    else:
-        for t in range(t_begin, t_end):
-            acc, acc_u = _k_step(acc, acc_u, t, x_ptr, x_rows, w_rows, u_rows, m_mask, offs_k, K,
-                                 BLOCK_M, BLOCK_K, DOT, SILU_MUL, EVEN_K)
-    if DOT:
-        y = acc
-        y_u = acc_u
-    elif BLOCK_M == 1:
-        y = tl.sum(acc, axis=1)[None, :]
-        y_u = tl.sum(acc_u, axis=1)[None, :]
-    else:
-        y = tl.sum(acc, axis=2)
-        y_u = tl.sum(acc_u, axis=2)
-    return y, y_u
-
-
-@triton.jit
-def _epilogue(y, y_u, offs_m, offs_n, M, N_OUT, b_ptr, out_ptr, stride_om,
-              HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr):  # fmt: skip
-    """Bias, SiLU-and-mul, the one rounding to the output dtype and the masked store of a [BLOCK_M, BLOCK_N] tile."""
-    n_mask = offs_n < N_OUT
-    mn_mask = (offs_m < M)[:, None] & n_mask[None, :]
-    if HAS_BIAS:
-        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        if SILU_MUL:
-            y_u += tl.load(b_ptr + N_OUT + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    if SILU_MUL:
-        y = _silu_mul(y, y_u)
-    out_offs = offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=mn_mask)
-
-
 @triton.jit(do_not_specialize=["M", "tiles_per_split"])
 def _gemv_kernel(
     x_ptr, w_ptr, wu_ptr, b_ptr, out_ptr, ws_ptr,
@@ -163,90 +109,52 @@ def _gemv_kernel(
     n_k_tiles = tl.cdiv(K, BLOCK_K)
     t_begin = pid_k * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, n_k_tiles)
-    y, y_u = _k_loop(t_begin, t_end, x_ptr, x_rows, w_rows, u_rows, m_mask, offs_k, K,
-                     BLOCK_M, BLOCK_N, BLOCK_K, DOT, SILU_MUL, EVEN_K, K_STAGES)
 
+    # accumulators: DOT [BLOCK_M, BLOCK_N]; FMA [BLOCK_N, BLOCK_K] at one row, else [BLOCK_M, BLOCK_N, BLOCK_K]
+    if DOT:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    elif BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_u = acc  # only updated (and kept) with SILU_MUL
+    if K_STAGES > 0:
+        # pipelined K_STAGES deep (async copies of the W tiles on GPUs that have them, FMA path included)
+        for t in tl.range(t_begin, t_end, num_stages=K_STAGES):
+            acc, acc_u = _k_step(acc, acc_u, t, x_ptr, x_rows, w_rows, u_rows, m_mask, offs_k, K,
+                                 BLOCK_M, BLOCK_K, DOT, SILU_MUL, EVEN_K)
+    else:
+        for t in range(t_begin, t_end):
+            acc, acc_u = _k_step(acc, acc_u, t, x_ptr, x_rows, w_rows, u_rows, m_mask, offs_k, K,
+                                 BLOCK_M, BLOCK_K, DOT, SILU_MUL, EVEN_K)
+    if DOT:
+        y = acc
+        y_u = acc_u
+    elif BLOCK_M == 1:
+        y = tl.sum(acc, axis=1)[None, :]
+        y_u = tl.sum(acc_u, axis=1)[None, :]
+    else:
+        y = tl.sum(acc, axis=2)
+        y_u = tl.sum(acc_u, axis=2)
+
+    n_mask = offs_n < N_OUT
+    mn_mask = (offs_m < M)[:, None] & n_mask[None, :]
     if PARTIAL:
         # fp32 partials [split, M, N_OUT (x2 with SILU_MUL: gate columns, then up columns)]
-        mn_mask = (offs_m < M)[:, None] & (offs_n < N_OUT)[None, :]
         n_ws = N_OUT * (2 if SILU_MUL else 1)
         ws_offs = (pid_k * M + offs_m)[:, None] * n_ws + offs_n[None, :]
         tl.store(ws_ptr + ws_offs, y, mask=mn_mask)
         if SILU_MUL:
             tl.store(ws_ptr + ws_offs + N_OUT, y_u, mask=mn_mask)
     else:
-        _epilogue(y, y_u, offs_m, offs_n, M, N_OUT, b_ptr, out_ptr, stride_om, HAS_BIAS, SILU_MUL)
-
-
-@triton.jit
-def _owner(u, units, n_programs):
-    """The stream-K program whose unit range [p * units // n_programs, (p + 1) * units // n_programs) holds unit u."""
-    return ((u + 1) * n_programs - 1) // units
-
-
-@triton.jit(do_not_specialize=["M", "n_programs"])
-def _gemv_streamk_kernel(
-    x_ptr, w_ptr, wu_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr,
-    M, N_OUT, K, n_programs,
-    stride_xm, stride_wn, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, EVEN_K: tl.constexpr,
-    K_STAGES: tl.constexpr,
-):  # fmt: skip
-    """Stream-K: a fixed grid (PERSIST x SMs programs) over the work units (n tile, k tile), n tile major;
-    program p takes units [p * U // P, (p + 1) * U // P), so every program streams the same number of W
-    tiles whatever N is (no partly filled last wave). A tile a program covers whole is finished there; a
-    tile cut between programs gets an fp32 partial from each (slot 0: the program's first tile, 1: its
-    last) and a ticket; the program that draws the last ticket adds the partials in program order (fixed,
-    whoever finishes last: deterministic), writes the output and resets the ticket for the next launch."""
-    pid = tl.program_id(0).to(tl.int64)
-    n_tiles = tl.cdiv(N_OUT, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K).to(tl.int64)
-    units = n_tiles * k_tiles
-    u_begin = pid * units // n_programs
-    u_end = (pid + 1) * units // n_programs  # > u_begin: the launcher keeps n_programs <= units
-    tile_first = u_begin // k_tiles
-    tile_last = (u_end - 1) // k_tiles
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_b = tl.arange(0, BLOCK_N)
-    x_rows = x_ptr + offs_m[:, None] * stride_xm
-    m_mask = (offs_m < M)[:, None]
-    n_ws = BLOCK_N * (2 if SILU_MUL else 1)  # one partial slot: [M, gate columns (, up columns)]
-    for tile in range(tile_first, tile_last + 1):
-        offs_n = tile * BLOCK_N + offs_b
-        row_offs = tl.minimum(offs_n, N_OUT - 1).to(tl.int64)[:, None] * stride_wn
-        t_begin = tl.maximum(u_begin - tile * k_tiles, 0)
-        t_end = tl.minimum(u_end - tile * k_tiles, k_tiles)
-        y, y_u = _k_loop(t_begin, t_end, x_ptr, x_rows, w_ptr + row_offs, wu_ptr + row_offs, m_mask, offs_k, K,
-                         BLOCK_M, BLOCK_N, BLOCK_K, DOT, SILU_MUL, EVEN_K, K_STAGES)
-        if (t_begin == 0) & (t_end == k_tiles):
-            _epilogue(y, y_u, offs_m, offs_n, M, N_OUT, b_ptr, out_ptr, stride_om, HAS_BIAS, SILU_MUL)
-        else:
-            slot = (tile != tile_first).to(tl.int64)
-            ws_offs = ((pid * 2 + slot) * M + offs_m)[:, None] * n_ws + offs_b[None, :]
-            tl.store(ws_ptr + ws_offs, y, mask=m_mask)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             if SILU_MUL:
-                tl.store(ws_ptr + ws_offs + BLOCK_N, y_u, mask=m_mask)
-            p_first = _owner(tile * k_tiles, units, n_programs)
-            p_last = _owner(tile * k_tiles + k_tiles - 1, units, n_programs)
-            tl.debug_barrier()  # every lane's partial is stored before the ticket (release) is drawn
-            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if ticket == p_last - p_first:
-                # the last contributor: every other partial of this tile is visible (acquire)
-                tl.debug_barrier()
-                # the first contributor's slot is 1 when the tile is not its first one
-                first_slot = (p_first * units // n_programs < tile * k_tiles).to(tl.int64)
-                y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                y_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                for p in range(p_first, p_last + 1):
-                    s = tl.where(p == p_first, first_slot, 0)
-                    offs = ((p * 2 + s) * M + offs_m)[:, None] * n_ws + offs_b[None, :]
-                    y += tl.load(ws_ptr + offs, mask=m_mask, other=0.0, cache_modifier=".cg")
-                    if SILU_MUL:
-                        y_u += tl.load(ws_ptr + offs + BLOCK_N, mask=m_mask, other=0.0, cache_modifier=".cg")
-                _epilogue(y, y_u, offs_m, offs_n, M, N_OUT, b_ptr, out_ptr, stride_om, HAS_BIAS, SILU_MUL)
-                tl.store(cnt_ptr + tile, 0)  # ready for the next launch (kernels on one stream run in order)
+                y_u += tl.load(b_ptr + N_OUT + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if SILU_MUL:
+            y = _silu_mul(y, y_u)
+        out_offs = offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(out_ptr + out_offs, y.to(out_ptr.dtype.element_ty), mask=mn_mask)
 
 
 @triton.jit(do_not_specialize=["M", "splits"])
@@ -274,25 +182,6 @@ def _reduce_splits_kernel(
     if SILU_MUL:
         y = _silu_mul(y, y_u)
     tl.store(out_ptr + m * stride_om + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-_TICKETS: dict = {}  # device -> int32 zeros: the stream-K kernel's per-tile tickets (each launch leaves them 0)
-_RETIRED: list = []  # outgrown ticket buffers: a captured graph may still point at one, so they are never freed
-
-
-def _tickets(device, n_tiles: int):
-    """The device's ticket buffer with at least ``n_tiles`` entries, allocated (zeroed) on first use.
-    Allocation is refused inside a graph capture: run the call once before capturing (vLLM's warm-up does)."""
-    buf = _TICKETS.get(device)
-    if buf is None or buf.numel() < n_tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            _fail("the stream-K launch (PERSIST) needs its ticket buffer allocated before graph capture: "
-                  "call gemv once with this configuration outside the capture")
-        if buf is not None:
-            _RETIRED.append(buf)
-        buf = torch.zeros(max(n_tiles, 1 << 16), dtype=torch.int32, device=device)
-        _TICKETS[device] = buf
-    return buf
 
 
 def _fail(msg: str):
@@ -340,9 +229,9 @@ def gemv(x, weight, bias=None, *, silu_mul=False, out=None, config=None):
     the gate and [N_out, N) the up projection; the result is [..., N_out] =
     silu(x W_gate^T + b_gate) * (x W_up^T + b_up), vLLM's SiluAndMul of the GEMM's output.
     out: optional preallocated contiguous result. config: launch parameters for this call (a dict as
-    in launch_params, optionally with "SPLIT_K", "PERSIST", "K_STAGES"), for tests and benchmarks; None
-    uses the table of the current target. Accumulates in fp32; split-K and stream-K sum their partials
-    in a fixed order (deterministic).
+    in launch_params, optionally with "SPLIT_K", "K_STAGES"), for tests and benchmarks; None uses the
+    table of the current target. Accumulates in fp32; split-K sums its partials in a fixed order
+    (deterministic).
     """
     rows, n, k, n_out = _check_inputs(x, weight, bias, silu_mul, out)
     x2 = x.reshape(rows, k)
@@ -359,26 +248,9 @@ def gemv(x, weight, bias=None, *, silu_mul=False, out=None, config=None):
     block_n, block_k = cfg.pop("BLOCK_N"), cfg.pop("BLOCK_K")
     dot = bool(cfg.pop("DOT"))
     forced_split = cfg.pop("SPLIT_K", None)
-    persist = cfg.pop("PERSIST", None)
     block_m = _DOT_ROWS if dot else launch_params.row_bucket(rows)
     n_tiles = triton.cdiv(n_out, block_n)
     k_tiles = triton.cdiv(k, block_k)
-    b = bias if bias is not None else out2  # placeholder pointer when there is no bias
-    w_up = weight[n_out:] if silu_mul else weight
-    if persist is not None:
-        # stream-K: PERSIST x SMs programs (no more than there are work units), one launch
-        programs = max(1, min(int(persist) * num_compute_units(x.device), n_tiles * k_tiles))
-        ws = torch.empty(programs * 2 * rows * block_n * (2 if silu_mul else 1), dtype=torch.float32,
-                         device=x.device)
-        _gemv_streamk_kernel[(programs,)](
-            x2, weight, w_up, b, out2, ws, _tickets(x.device, n_tiles),
-            rows, n_out, k, programs,
-            x2.stride(0), weight.stride(0), out2.stride(0),
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot,
-            HAS_BIAS=bias is not None, SILU_MUL=bool(silu_mul), EVEN_K=k % block_k == 0,
-            K_STAGES=cfg.pop("K_STAGES", 0), **cfg,
-        )  # fmt: skip
-        return result
     if forced_split is None:
         splits = launch_params.num_splits(n_tiles, k, block_k, num_compute_units(x.device),
                                           launch_params.get_params(launch_params.current_target(x.device)))
@@ -388,6 +260,8 @@ def gemv(x, weight, bias=None, *, silu_mul=False, out=None, config=None):
     splits = triton.cdiv(k_tiles, tiles_per_split)  # no empty splits
     partial = splits > 1
     ws = torch.empty((splits, rows, n), dtype=torch.float32, device=x.device) if partial else out2
+    b = bias if bias is not None else out2  # placeholder pointer when there is no bias
+    w_up = weight[n_out:] if silu_mul else weight
     _gemv_kernel[(n_tiles, splits)](
         x2, weight, w_up, b, out2, ws,
         rows, n_out, k, tiles_per_split,

@@ -15,10 +15,6 @@ Keys of an entry:
                 BLOCK_K     K elements per loop step (16-byte vector loads along K);
                 num_warps, num_stages, and on ROCm waves_per_eu, matrix_instr_nonkdim;
                 SPLIT_K     optional: force this many K splits (else the policy above);
-                PERSIST     optional: stream-K instead of the (N tiles, K splits) grid: PERSIST x SMs
-                            programs share the (N tile, K tile) work units equally, a tile cut
-                            between programs is summed in program order by its last finisher
-                            (deterministic, one launch; excludes SPLIT_K);
                 K_STAGES    optional: the K loop as tl.range(num_stages=K_STAGES): Triton pipelines the
                             W loads through shared memory (async copies on sm90), on the FMA path too,
                             so K_STAGES - 1 tiles per program stay in flight;
@@ -45,8 +41,8 @@ MAX_ROWS = 8
 ROW_BUCKETS = (1, 2, 4, 8)
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_k")
-_LAUNCH_KEYS = ("DOT", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K", "PERSIST", "K_STAGES",
-                "waves_per_eu", "matrix_instr_nonkdim")
+_LAUNCH_KEYS = ("DOT", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K", "K_STAGES", "waves_per_eu",
+                "matrix_instr_nonkdim")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 _REQUIRED = ("DOT", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 # FMA path: fp32 accumulator elements per lane (BLOCK_M x BLOCK_N x BLOCK_K / lanes); above this the
@@ -98,6 +94,13 @@ _SM90 = {
     "shapes": {
         "96x5120": {"1": {"SPLIT_K": 16}, "2": {"BLOCK_K": 512, "BLOCK_N": 8, "DOT": 0, "SPLIT_K": 16, "num_stages": 1}},
         "14336x5120": {"1": {"BLOCK_K": 256, "BLOCK_N": 16}},
+        # K loop pipelined 3 deep at one row (same tiles): python -m kernels.gemv.bench --variants, 2026-12-02,
+        # one call, % of the eagerly timed copy bandwidth (4220 GB/s): 5120x6144 18.0 us (83%) vs 18.2 us (82%)
+        # without, cuBLAS 19.7 us (76%); 5120x17408 42.9 us (98%) vs 44.5 us (95%), cuBLAS 49.6 us (85%).
+        # No gain at 16384x5120 (43.2 vs 42.4 us) or 14336x5120 (37.1 vs 37.0); 2-8 rows (DOT 32x128,
+        # K_STAGES 6) 1.22-1.35x cuBLAS's time against the table's 1.02-1.07x.
+        "5120x6144": {"1": {"K_STAGES": 3}},
+        "5120x17408": {"1": {"K_STAGES": 3}},
         "34816x5120": {"2": {"BLOCK_K": 128, "BLOCK_N": 64, "num_stages": 4}, "4": {"BLOCK_N": 64}, "8": {"BLOCK_N": 64}},
     },
 }
@@ -209,11 +212,9 @@ def check_config(cfg: dict, where: str, rocm: bool | None = None, rows: int | No
         raise ValueError(f"{where}: BLOCK_K must be a power of two >= 16, got {cfg['BLOCK_K']!r}")
     if not _is_pow2(cfg["num_warps"]) or cfg["num_warps"] > 16:
         raise ValueError(f"{where}: num_warps must be 1, 2, 4, 8 or 16, got {cfg['num_warps']!r}")
-    for key in ("num_stages", "SPLIT_K", "PERSIST", "K_STAGES"):
+    for key in ("num_stages", "SPLIT_K", "K_STAGES"):
         if key in cfg and (not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1):
             raise ValueError(f"{where}: {key} must be a positive integer, got {cfg[key]!r}")
-    if "PERSIST" in cfg and "SPLIT_K" in cfg:
-        raise ValueError(f"{where}: PERSIST (stream-K) and SPLIT_K exclude each other; got both")
     for key in _ROCM_ONLY:
         if key in cfg:
             if rocm is False:
