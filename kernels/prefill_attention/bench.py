@@ -1,7 +1,7 @@
 """Microbenchmark: prefill attention kernel vs vLLM 0.18.1's unified attention, one Qwen3.5-27B layer.
 
     python -m kernels.prefill_attention.bench --ua-file FILE [--out DIR] [--history 0,4096,16384,32768]
-        [--chunk 4096] [--quick] [--kv bf16,int8,...] [--mirror-forms f16,q,q-tile,q-tile-hm] [--dry-run]
+        [--chunk 4096] [--quick] [--kv bf16,int8,...] [--dry-run]
 
 One sequence's prefill chunk (default 4096 tokens, the contest's --max-num-batched-tokens) after ``history`` cached
 tokens, 24 q / 4 kv heads x 256, pages of 784 tokens (bf16) or 1552 (8-bit), scattered over the cache. Every
@@ -15,11 +15,10 @@ with upstream tiles (BLOCK_M 16, what 0.18.1 runs) and once with VLLM_DCU_PREFIL
 
 First a sweep of launch parameters at the two longest histories picks one configuration per KV width (unless
 --quick: the table's, or VLLM_DCU_PREFILL_PARAMS); the script prints the launch_params entry to paste.
-``--mirror-forms`` times every 8-bit KV kind that reads the 16-bit mirror (int8, fp8_hw, fp8_sw) once per form of
-the mirror (prefill_attention.MIRROR_FORMS; default: the form the kernel picks, VLLM_DCU_PREFILL_KV8_MIRROR_FORM
-or "f16"), as rows "int8 [q-tile]" etc.; with more than one form each row also gives its relative error against
-the first form's output, and a last table gives every row's time as a multiple of bf16's per history.
-Each output is checked against unified attention's (relative error printed). Writes
+The 8-bit kinds int8, fp8_hw and fp8_sw read the 16-bit mirror (a 4096-token chunk is long enough) unless the
+sequence does not fit it (32K history + 4K chunk over the default 32768-token mirror: the direct path), the
+``_direct`` kinds always read the 8-bit cache; a last table gives every row's time as a multiple of bf16's per
+history. Each output is checked against unified attention's (relative error printed). Writes
 ``<date>-<gpu>-prefill-attention.{json,md}`` into --out (default $OUT or bench/results/); the table comes last.
 ``TRITON_INTERPRET=1 ... --dry-run`` runs the whole flow on the CPU at toy shapes (Triton interpreter) to check
 the script itself; its numbers mean nothing.
@@ -39,7 +38,7 @@ from ..kv_quant.cache_write import reshape_and_cache_per_token_head
 from ..kv_quant.layout import kv_cache_shape, split_kv_cache
 from ..results_io import write_result_pair
 from . import launch_params
-from .prefill_attention import MIRROR_FORMS, mirror_form_setting, prefill_attention
+from .prefill_attention import prefill_attention
 
 HQ, HKV, D = 24, 4, 256
 BLOCK = {"bf16": 784, "int8": 1552, "fp8": 1552}
@@ -139,13 +138,12 @@ def make_case(history, chunk, kind, software, seed=0):
     return case
 
 
-def run_ours(case, params, mirror_params=None, mirror=None, form=None):
+def run_ours(case, params, mirror_params=None, mirror=None):
     max_k = case["history"] + case["chunk"]
     return lambda: prefill_attention(case["q"], case["k"], case["v"], case["out"], case["cu"], case["seq_lens"],
                                      case["table"], D**-0.5, k_scales=case["ks"], v_scales=case["vs"],
                                      kv_quant=case["kind"], software_fp8=case["software"], params=params,
-                                     mirror_params=mirror_params, max_seqlen_k=max_k, mirror=mirror,
-                                     mirror_form=form)
+                                     mirror_params=mirror_params, max_seqlen_k=max_k, mirror=mirror)
 
 
 def run_ua(fn, case):
@@ -224,14 +222,8 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int, default=None, help="query chunk (default 4096; --dry-run: 20)")
     ap.add_argument("--quick", action="store_true", help="no sweep: the launch_params table's entry")
     ap.add_argument("--kv", default=",".join(DTYPES), help=f"KV variants to time (default all: {','.join(DTYPES)})")
-    ap.add_argument("--mirror-forms", default=None,
-                    help=f"forms of the 16-bit mirror to time for the 8-bit kinds that use it ({', '.join(MIRROR_FORMS)}; "
-                         "default: the kernel's, VLLM_DCU_PREFILL_KV8_MIRROR_FORM or f16)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, toy shapes, Triton interpreter")
     a = ap.parse_args(argv)
-    forms = [x for x in (a.mirror_forms or mirror_form_setting()).split(",") if x]
-    if not forms or set(forms) - set(MIRROR_FORMS):
-        sys.exit(f"error: --mirror-forms takes names from {', '.join(MIRROR_FORMS)}")
     if a.history is None:
         a.history = "0,40" if a.dry_run else "0,4096,16384,32768"
     if a.chunk is None:
@@ -277,30 +269,17 @@ def main(argv=None):
                 continue
             case = make_case(h, a.chunk, kind, software)
             params = best["kv16" if kind is None else "kv8"]
-            # the kinds that read the mirror: once per form (rows "int8 [q-tile]"); the first form's output is the
-            # others' reference
-            variants = [(name, None)] if kind is None or mirror == 0 else \
-                [(name if len(forms) == 1 and a.mirror_forms is None else f"{name} [{f}]", f) for f in forms]
-            first = None
-            for label_kv, form in variants:
-                ms = time_ms(run_ours(case, params, best["kv16"], mirror, form))
-                ours = case["out"].clone()
-                row = dict(history=h, chunk=a.chunk, kv=label_kv, ours_ms=ms, launch=params, flops=flops(h, a.chunk))
-                if form is not None:
-                    row["mirror_form"] = form
-                    if first is None:
-                        first = ours
-                    elif len(variants) > 1:
-                        row["err vs first form"] = rel_err(ours, first)
-                for label, fn in ua.items():
-                    case["out"].zero_()
-                    row[f"{label} ms"] = time_ms(run_ua(fn, case))
-                    row[f"err vs {label}"] = rel_err(ours, case["out"])
-                rows.append(row)
-                log(f"{h // 1024}K {label_kv}: ours {ms:.3f} ms " +
-                    " ".join(f"{k}={v:.3g}" for k, v in row.items()
-                             if (k.endswith("ms") and k != "ours_ms") or k == "err vs first form"))
-            del case, first
+            ms = time_ms(run_ours(case, params, best["kv16"], mirror))
+            ours = case["out"].clone()
+            row = dict(history=h, chunk=a.chunk, kv=name, ours_ms=ms, launch=params, flops=flops(h, a.chunk))
+            for label, fn in ua.items():
+                case["out"].zero_()
+                row[f"{label} ms"] = time_ms(run_ua(fn, case))
+                row[f"err vs {label}"] = rel_err(ours, case["out"])
+            rows.append(row)
+            log(f"{h // 1024}K {name}: ours {ms:.3f} ms " +
+                " ".join(f"{k}={v:.3g}" for k, v in row.items() if k.endswith("ms") and k != "ours_ms"))
+            del case
     by = {(r["history"], r["kv"]): r for r in rows}
     for r in rows:
         r["tflops"] = r["flops"] / (r["ours_ms"] * 1e-3) / 1e12
@@ -325,10 +304,6 @@ def main(argv=None):
     for n in names:
         md.append(f"| {n} | " + " | ".join(f"{by[(h, n)]['vs_bf16']:.2f}" if (h, n) in by else "" for h in histories)
                   + " |")
-    if any("err vs first form" in r for r in rows):
-        md += ["", f"Relative error against the first mirror form's output ({forms[0]}): " +
-               ", ".join(f"{r['history'] // 1024}K {r['kv']}: {r['err vs first form']:.1e}" for r in rows
-                         if "err vs first form" in r)]
     md += ["", "Relative error of ours vs each baseline's output (same inputs): " +
            ", ".join(f"{r['history'] // 1024}K {r['kv']}: " + "/".join(f"{r['err vs ' + k]:.1e}" for k in ua)
                      for r in rows), "", "Log:", "", "```", *lines, "```"]

@@ -5,11 +5,10 @@
 For choosing launch parameters before spending device time: registers per thread, spills, shared memory / LDS
 per program, async copies (sm90: whether the K/V loads were pipelined) and where the first dot's A operand (q)
 lives (sm90: "smem" or "regs") of each configuration, for a bf16 cache, an int8 cache read directly ("8-bit") and
-the 16-bit mirror of an 8-bit cache in each of its forms (prefill_attention.MIRROR_FORMS: "mirror" is the "f16"
-form, fp16 K codes + scales with q rescaled into fp16; "mirror q" K codes in q's bf16 with q as loaded; "mirror
-q-tile" that with page-run tile addressing, "mirror q-tile-hm" also with head-major scales; V in bf16 for all),
-Qwen3.5-27B's head shape (6 q heads per kv head, 256). "wgmma serialized" (sm90): ptxas's C751x advisory that it
-serialized the wgmma pipeline (a large slowdown; the reason, abbreviated, follows).
+the 16-bit mirror of an 8-bit cache ("mirror": K codes in q's bf16 + float32 scales, V in bf16, page-run key
+tiles; prefill_attention.py's comment above MIRROR_MIN_QUERY), Qwen3.5-27B's head shape (6 q heads per kv head,
+256). "wgmma serialized" (sm90): ptxas's C751x advisory that it serialized the wgmma pipeline (a large slowdown;
+the reason, abbreviated, follows).
 Default configurations: the target's table entry (kv16 for bf16 and the mirror, which launches with it; kv8 for the
 direct path).
 ROCm targets compile for gfx90a, the wave64 target upstream LLVM knows (kernels/compile_tools.py).
@@ -22,7 +21,7 @@ import triton
 
 from ..compile_tools import amdgcn_usage, gpu_target, ptxas_usage
 from . import launch_params
-from .prefill_attention import MIRROR_FORMS, _prefill_kernel
+from .prefill_attention import MIRROR_PAGE, _prefill_kernel
 
 _PTR = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "ks": "*fp32", "vs": "*fp32", "out": "*bf16", "cu_q": "*i32",
         "seq_lens": "*i32", "block_table": "*i32", "sel": "*i32"}
@@ -32,32 +31,22 @@ _DIV16 = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stri
           "stride_vt", "stride_vh")
 
 
-# the mirror's K per form's MIRROR value (1: fp16 codes; 2, 3: codes in q's dtype, bf16 here); V is bf16 in every form
-_MIRROR_K = {1: "*fp16", 2: "*bf16", 3: "*bf16"}
-
-
-def _signature(kv8: bool, mirror: int = 0, scales_head_major: bool = False):
+def _signature(kv8: bool, mirror: bool = False):
     sig, attrs = {}, {}
     for i, name in enumerate(_prefill_kernel.arg_names):
         if name.endswith("_ptr"):
             base = name[:-4]
-            if mirror and base == "k":
-                sig[name] = _MIRROR_K[mirror]
-            elif mirror and base == "v":
-                sig[name] = "*bf16"
-            else:
-                sig[name] = "*u8" if kv8 and base in ("k", "v") else _PTR[base]
+            # the mirror's K codes are in q's dtype (bf16 here), its V in bf16; an 8-bit cache holds uint8 codes
+            sig[name] = "*u8" if kv8 and not mirror and base in ("k", "v") else _PTR[base]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name == "s_mult_base":
             sig[name] = "fp32"
-        elif name[0].isupper() or (kv8 and name in (("stride_kst", "stride_vst") if scales_head_major else
-                                                    ("stride_ksh", "stride_vsh"))):  # the JIT specializes a 1
+        elif name[0].isupper() or (kv8 and name in ("stride_ksh", "stride_vsh")):  # the JIT specializes a 1
             sig[name] = "constexpr"
         else:
             sig[name] = "i32"
-            # the mirror's scales: [pages, 256, 4] (page stride 1024) or head-major [pages, 4, 256]
-            if name in _DIV16 or (mirror and name in ("stride_ksb", "stride_vsb")) or \
-                    (scales_head_major and name in ("stride_ksh", "stride_vsh")):
+            # the mirror's scales: [pages, MIRROR_PAGE, 4] (page stride 1024)
+            if name in _DIV16 or (mirror and name in ("stride_ksb", "stride_vsb")):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 
@@ -71,21 +60,20 @@ def _q_operand(ttgir: str) -> str | None:
     return None
 
 
-def compile_one(target: str, cfg: dict, kv8: bool, group=6, head_dim=256, block_size=784, mirror=None) -> dict:
-    """mirror (with kv8): a MIRROR_FORMS name, the launch over the 16-bit mirror in that form (its page is 256
-    tokens, so block_size is ignored)."""
+def compile_one(target: str, cfg: dict, kv8: bool, group=6, head_dim=256, block_size=784, mirror=False) -> dict:
+    """mirror (with kv8): the launch over the 16-bit mirror (its page is MIRROR_PAGE tokens, so block_size is
+    ignored)."""
     cfg = dict(cfg)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    kind, head_major = MIRROR_FORMS[mirror] if mirror else (0, False)
-    sig, attrs = _signature(kv8, kind, head_major)
+    sig, attrs = _signature(kv8, mirror)
     if mirror:
-        block_size = 256
+        block_size = MIRROR_PAGE
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m,
                   BLOCK_Q=block_m // group, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
                   KV_QUANT=2 if kv8 else 0, FP8_SOFTWARE=False, PTX=kv8 and target.startswith("sm"),
-                  SEQ_FILTER=1 if mirror else 0, MIRROR=kind)
+                  SEQ_FILTER=1 if mirror else 0, MIRROR=bool(mirror))
     if kv8:
-        consts.update(stride_kst=1, stride_vst=1) if head_major else consts.update(stride_ksh=1, stride_vsh=1)
+        consts.update(stride_ksh=1, stride_vsh=1)
     gt = gpu_target(target)
     k = triton.compile(triton.compiler.ASTSource(fn=_prefill_kernel, signature=sig, constexprs=consts, attrs=attrs),
                        target=gt, options=cfg)
@@ -97,10 +85,6 @@ def compile_one(target: str, cfg: dict, kv8: bool, group=6, head_dim=256, block_
         usage = amdgcn_usage(k.asm["amdgcn"])
         report.update(regs=usage["regs"], spills=usage["spills"])
     return report
-
-
-# the rows' names of the mirror's forms
-_MIRROR_KINDS = {"mirror" if form == "f16" else f"mirror {form}": form for form in MIRROR_FORMS}
 
 
 def main():
@@ -118,13 +102,12 @@ def main():
     if not a.json:
         print("| target | kv | config | regs | spills | shared / LDS B | async copies | q operand | wgmma serialized |")
         print("|---|---|---|---:|---:|---:|---:|---|---|")
-    mirrors = tuple(_MIRROR_KINDS)
-    kinds = {None: ("bf16", "8-bit", *mirrors), "kv16": ("bf16", *mirrors), "kv8": ("8-bit",)}
+    kinds = {None: ("bf16", "8-bit", "mirror"), "kv16": ("bf16", "mirror"), "kv8": ("8-bit",)}
     for width, cfg in configs:
         for kind in kinds[width]:
             row = dict(target=a.target, kv=kind, config=cfg)
             try:
-                row.update(compile_one(a.target, cfg, kind != "bf16", mirror=_MIRROR_KINDS.get(kind)))
+                row.update(compile_one(a.target, cfg, kind != "bf16", mirror=kind == "mirror"))
             except Exception as e:  # a configuration the compiler rejects is a result too
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             rows.append(row)

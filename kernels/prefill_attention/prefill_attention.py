@@ -80,10 +80,10 @@ def _attend_tile(
     CAUSAL: tl.constexpr, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
     MIRROR: tl.constexpr,
 ):  # fmt: skip
-    """One BLOCK_N tile of keys for all rows: online-softmax update of (m_i, l_i, acc). MIRROR (1 or 2): the tiles
-    come from the mirror of an 8-bit cache (K as exact 16-bit codes + scales, V as bf16 values) and go to the
+    """One BLOCK_N tile of keys for all rows: online-softmax update of (m_i, l_i, acc). MIRROR: the tiles come
+    from the mirror of an 8-bit cache (K as exact codes in q's dtype + scales, V as bf16 values) and go to the
     matrix unit as loaded."""
-    if MIRROR == 3:
+    if MIRROR:
         # mirror pages hold _MIRROR_PAGE_C tokens, a multiple of BLOCK_N: a tile is one run of one page (one scalar
         # page number, contiguous slots), and the mirror kernel zero-fills each page past its sequence's end, so the
         # keys past ``last`` are read where they lie (finite) and masked by their scores
@@ -183,10 +183,10 @@ def _prefill_kernel(
     else:
         qo_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + q_offs, mask=qo_mask, other=0.0)
-    if KV_QUANT != 0 and MIRROR < 2:  # the direct path (0) and the "f16" mirror (1): q rescaled into fp16
+    if KV_QUANT != 0 and not MIRROR:  # the direct path: q rescaled into fp16 for the fp16 codes
         q, s_factor = _q_for_codes(q, KV_QUANT)
         s_mult = s_mult_base * s_factor
-    elif KV_QUANT != 0:  # MIRROR 2, 3: the mirror's K codes are in q's dtype, q goes to the matrix unit as loaded
+    elif KV_QUANT != 0:  # the mirror's K codes are in q's dtype: q goes to the matrix unit as loaded
         s_mult = s_mult_base * _code_unit(KV_QUANT)
     else:
         s_mult = s_mult_base
@@ -232,37 +232,32 @@ def _prefill_kernel(
 # (on the H200 the converted tile also goes through shared memory again for the matrix unit). For chunks of at
 # least MIRROR_MIN_QUERY tokens it is cheaper to convert the sequence once per launch into a scratch "mirror"
 # (pages of MIRROR_PAGE tokens) and run the kernel over it with no conversion. K keeps its codes as their exact
-# fp16 values with the float32 scales beside them (the scales multiply S's columns: a K rounded to bf16 moved
+# 16-bit values with the float32 scales beside them (the scales multiply S's columns: a K rounded to bf16 moved
 # scores by up to 8.5% of a softmax weight at |K| ~3e4 on the H200); V is stored dequantized in bf16, one
 # rounding as in a bf16 cache, so P x V is the bf16 path's (any finite V fits bf16's range). The extra traffic is
 # one read of the 8-bit cache and one write + read of the mirror per launch, small against the attention's
 # arithmetic. Decode rows, short chunks and sequences that do not fit the mirror read the 8-bit cache directly (a
 # second launch).
 #
-# The mirror's form (VLLM_DCU_PREFILL_KV8_MIRROR_FORM, or prefill_attention's mirror_form): name -> (the kernel's
-# MIRROR constexpr, K scales head-major). The codes are exact in fp16 and in bf16 alike (int8 / 128: 7 significant
-# bits; e4m3 / 256: 4, down to 2^-17), so every form computes the same exact products q x code in float32.
-# - "f16": K codes in fp16, q rescaled into fp16 by a power of two per query tile (_q_for_codes, as the direct path
-#   does); scales [pages, MIRROR_PAGE, kv_heads]. The rescaled q is computed, not loaded, so on sm90 Triton keeps
-#   the first dot's A operand in registers for the whole loop (the bf16 cache's q stays in shared memory), and
-#   ptxas serializes the wgmma pipeline (compile_check: C7515, 144 B of spills at 128 x 64).
-# - "q": K codes in q's dtype (bf16 or fp16), q goes to the matrix unit as loaded, like the bf16 cache's (shared
-#   memory on sm90); S = q.codes x (scale x code unit x softmax scale) per key. Ranges: a score's dot product
-#   |q| x |code| x head_dim stays in float32 for |q| < ~2^119 (bf16; fp16 q always), and a q element whose product
-#   with a code falls under float32's normal range adds under ~1e-32 to a score. Still serialized on sm90.
-# - "q-tile": "q" with the key tiles addressed as what they are in the mirror, one contiguous run of one page
-#   (MIRROR_PAGE is a multiple of every BLOCK_N): one page number per tile and no per-key clamp or page select
-#   (the scales' address vector was a third copy of that arithmetic, in the score's layout, 16 keys per thread).
-#   Keys past the sequence's end read the page's zero-filled tail. On sm90 the wgmma pipeline is not serialized.
-# - "q-tile-hm": "q-tile" with the scales head-major, [pages, kv_heads, MIRROR_PAGE]: a tile's BLOCK_N scales are
-#   one contiguous run instead of BLOCK_N floats kv_heads apart.
+# The mirror's layout. K's codes are stored in q's dtype (int8 / 128 has 7 significant bits, e4m3 / 256 has 4,
+# down to 2^-17: exact in bf16 as in fp16), so q goes to the matrix unit as loaded and S = q.codes x (scale x code
+# unit x softmax scale) per key, with every product q x code exact in float32. Key tiles are addressed as what they
+# are in the mirror, one contiguous run of one page (MIRROR_PAGE is a multiple of every BLOCK_N): one page number
+# per tile, no per-key clamp or page select; keys past a sequence's end read its last page's tail, which the
+# mirror kernel fills with zeros (finite; their scores are masked). Range: a score's dot product |q| x |code| x
+# head_dim stays in float32 for |q| < ~2^119 with bf16 q (fp16 q always; the direct path rescales q instead), and
+# a q element whose product with a code falls under float32's normal range adds under ~1e-32 to a score.
+# Why this form (H200, 4096-token chunk, history 0 / 4K / 16K; time as a multiple of the bf16 cache's, identical
+# outputs): the first mirror kept fp16 codes and rescaled q into fp16 per query tile, as the direct path does
+# (_q_for_codes), and took 1.58-1.63x. That q is computed, not loaded, so Triton kept the first dot's A operand in
+# registers for the whole loop (the bf16 cache's q stays in shared memory) and ptxas serialized the wgmma pipeline
+# (C7515, see compile_check). Codes in q's dtype alone: 1.39-1.42x, still serialized. With page-run addressing,
+# which also drops the per-key address arithmetic (the K scales' addresses were a third copy of it, in the
+# score's layout): 1.06-1.08x for int8, fp8 and software fp8, not serialized. Head-major scales on top: 1.12-1.15x.
 MIRROR_MIN_QUERY = 64
 MIRROR_PAGE = 256
 MIRROR_ENV = "VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS"
 MIRROR_DEFAULT_TOKENS = 32768  # one 32K sequence; 128 MiB for 4 kv heads x 256 (16-bit K and V + K scales)
-MIRROR_FORM_ENV = "VLLM_DCU_PREFILL_KV8_MIRROR_FORM"
-MIRROR_FORMS = {"f16": (1, False), "q": (2, False), "q-tile": (3, False), "q-tile-hm": (3, True)}
-MIRROR_DEFAULT_FORM = "f16"
 _MIRROR_BLOCK_S = 128
 _MIRROR_BLOCK_T = 32
 _BF16_MAX = tl.constexpr(3.3895313892515355e38)
@@ -310,8 +305,8 @@ def _mirror_kernel(
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
 ):  # fmt: skip
     """BLOCK_T tokens of one kv head of one mirror page: its owner's K codes as exact values in mk's 16-bit dtype
-    with their scales, its V as bf16 values; the page's tokens past the sequence's end as zeros (the "q-tile" form
-    reads them). The grid covers the whole mirror (fixed size); free pages return at once."""
+    (q's) with their scales, its V as bf16 values; the page's tokens past the sequence's end as zeros (the attention
+    kernel reads whole page runs). The grid covers the whole mirror (fixed size); free pages return at once."""
     mpage = tl.program_id(0) // (PAGE // BLOCK_T)
     kv_head = tl.program_id(1)
     owner = tl.load(owner_ptr + mpage)
@@ -365,28 +360,16 @@ def mirror_tokens(env=None) -> int:
     return n
 
 
-def mirror_form_setting(env=None) -> str:
-    """The mirror's form (VLLM_DCU_PREFILL_KV8_MIRROR_FORM, one of MIRROR_FORMS; unset: MIRROR_DEFAULT_FORM)."""
-    import os
-
-    raw = (os.environ if env is None else env).get(MIRROR_FORM_ENV, "").strip()
-    form = raw or MIRROR_DEFAULT_FORM
-    if form not in MIRROR_FORMS:
-        raise ValueError(f"{MIRROR_FORM_ENV}={raw!r}: must be one of {', '.join(MIRROR_FORMS)}")
-    return form
-
-
-def _mirror_buffer(device, num_heads_kv, head_dim, tokens, scales_head_major=False):
+def _mirror_buffer(device, num_heads_kv, head_dim, tokens):
     """The mirror of this shape on this device, allocated once: [pages, 2, MIRROR_PAGE, kv_heads, head_dim] 16-bit
-    (K's codes, V's bf16 values; stored as fp16, the launcher views each half in its dtype) and K's float32 scales
-    [pages, MIRROR_PAGE, kv_heads] (scales_head_major: [pages, kv_heads, MIRROR_PAGE])."""
+    (K's codes in q's dtype, V's bf16 values; stored as fp16, the launcher views each half in its dtype) and K's
+    float32 scales [pages, MIRROR_PAGE, kv_heads]."""
     pages = tokens // MIRROR_PAGE
-    key = (str(device), num_heads_kv, head_dim, pages, scales_head_major)
+    key = (str(device), num_heads_kv, head_dim, pages)
     if key not in _MIRRORS:
-        scale_shape = (pages, num_heads_kv, MIRROR_PAGE) if scales_head_major else (pages, MIRROR_PAGE, num_heads_kv)
         _MIRRORS[key] = (
             torch.empty(pages, 2, MIRROR_PAGE, num_heads_kv, head_dim, dtype=torch.float16, device=device),
-            torch.empty(scale_shape, dtype=torch.float32, device=device),
+            torch.empty(pages, MIRROR_PAGE, num_heads_kv, dtype=torch.float32, device=device),
         )
     return _MIRRORS[key]
 
@@ -407,7 +390,7 @@ def _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table,
 
 
 def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
-            software_fp8, launch, sel=None, seq_filter=0, mirror=0):
+            software_fp8, launch, sel=None, seq_filter=0, mirror=False):
     num_tokens, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
@@ -438,7 +421,7 @@ def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens
 
 def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, scale, *, k_scales=None,
                       v_scales=None, kv_quant=None, software_fp8=None, max_seqlen_k=None, params=None,
-                      mirror_params=None, mirror=None, mirror_form=None):
+                      mirror_params=None, mirror=None):
     """Causal attention of a batch of query chunks over their paged KV; writes ``out`` and returns it.
 
     q, out: [num_tokens, q_heads, head_dim] fp16/bf16, the chunks of ``num_seqs`` sequences back to back
@@ -450,9 +433,9 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
     software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).
     max_seqlen_k: a host int >= every seq_len; with 8-bit caches it enables the 16-bit mirror
     for chunks of MIRROR_MIN_QUERY tokens or more (see above; ``mirror``: its size in tokens, None: from
-    VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS, 0: off; ``mirror_form``: one of MIRROR_FORMS, None: from
-    VLLM_DCU_PREFILL_KV8_MIRROR_FORM). params / mirror_params: the Triton launch for the cache's
-    width / for the mirror (dicts like launch_params' kv8 / kv16 entries; None: the current target's).
+    VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS, 0: off). params / mirror_params: the Triton launch for the cache's
+    width / for the mirror (dicts like launch_params' kv8 / kv16 entries; None: the current target's; the
+    mirror's BLOCK_N must divide MIRROR_PAGE).
     """
     _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, k_scales, v_scales, kv_quant)
     num_tokens, hq, d = q.shape
@@ -474,11 +457,10 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
         _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
                 software_fp8, params)
         return out
-    form = mirror_form_setting() if mirror_form is None else mirror_form
-    if form not in MIRROR_FORMS:
-        _fail(f"mirror_form must be one of {list(MIRROR_FORMS)}, got {form!r}")
-    mirror_kind, scales_head_major = MIRROR_FORMS[form]
-    buf, buf_s = _mirror_buffer(q.device, hkv, d, tokens, scales_head_major)
+    mirror_launch = mirror_params if mirror_params is not None else entry["kv16"]
+    if MIRROR_PAGE % mirror_launch["BLOCK_N"]:  # a key tile must be one run of one mirror page
+        _fail(f"the mirror's BLOCK_N must divide MIRROR_PAGE ({MIRROR_PAGE}), got {mirror_launch['BLOCK_N']}")
+    buf, buf_s = _mirror_buffer(q.device, hkv, d, tokens)
     width = triton.cdiv(int(max_seqlen_k), MIRROR_PAGE)
     sel = torch.empty(num_seqs, dtype=torch.int32, device=q.device)
     mtab = torch.empty(num_seqs, width, dtype=torch.int32, device=q.device)
@@ -487,10 +469,7 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
         cu_seqlens_q, seq_lens, sel, mtab, owner, num_seqs, width, MIRROR_MIN_QUERY, buf.shape[0], mtab.stride(0),
         PAGE=MIRROR_PAGE, BLOCK_S=_MIRROR_BLOCK_S, BLOCK_W=64, num_warps=4,
     )  # fmt: skip
-    # K's codes in fp16 ("f16") or in q's dtype; the scales always seen as [pages, MIRROR_PAGE, kv_heads]
-    mk = buf[:, 0] if mirror_kind == 1 else buf[:, 0].view(q.dtype)
-    mv = buf[:, 1].view(torch.bfloat16)
-    msk = buf_s.transpose(1, 2) if scales_head_major else buf_s
+    mk, mv, msk = buf[:, 0].view(q.dtype), buf[:, 1].view(torch.bfloat16), buf_s  # K's codes in q's dtype
     _mirror_kernel[(buf.shape[0] * (MIRROR_PAGE // _MIRROR_BLOCK_T), hkv)](
         k_cache, v_cache, k_scales, v_scales, block_table, seq_lens, owner, mk, mv, msk,
         block_size, block_table.stride(0),
@@ -499,9 +478,8 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=_MIRROR_BLOCK_T, PAGE=MIRROR_PAGE,
         KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8), PTX=_use_ptx(q.device), num_warps=4,
     )  # fmt: skip
-    mirror_launch = mirror_params if mirror_params is not None else entry["kv16"]
     _attend(q, mk, mv, msk, msk, out, cu_seqlens_q, seq_lens, mtab, scale, kv_quant, software_fp8, mirror_launch,
-            sel, 1, mirror=mirror_kind)
+            sel, 1, mirror=True)
     _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
             software_fp8, params, sel, 2)
     return out
