@@ -29,9 +29,10 @@ import random
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from bench.workdir import scratch_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -115,7 +116,7 @@ def main() -> int:
     ap.add_argument("--out-tokens", type=int, default=128)
     ap.add_argument("--timeout-s", type=int, default=170, help="per configuration")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
-    ap.add_argument("--work", default=os.environ.get("BENCH_WORK") or str(Path(tempfile.gettempdir()) / "vllm-dcu-e2e"),
+    ap.add_argument("--work", default=scratch_dir("vllm-dcu-e2e"),
                     help="scratch folder for the dummy model's config (default: $BENCH_WORK, else vllm-dcu-e2e in "
                          "the system's temporary folder: %(default)s)")
     ap.add_argument("--compile-log", action="store_true",

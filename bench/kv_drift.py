@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from bench import logprob_compare, logprob_eq
+from bench.workdir import scratch_dir
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIGS = ["bf16=full:DCU_TRITON_ATTN:auto", "int8=full:DCU_TRITON_ATTN:int8_per_token_head",
@@ -111,7 +112,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scales", default="{}", help="ci/gpu/scaled_weights.py Scales as JSON")
     ap.add_argument("--timeout-s", type=float, default=420.0, help="per configuration")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no configuration that could not end by then")
-    ap.add_argument("--work", default=os.environ.get("BENCH_WORK") or "/tmp/kv-drift")
+    ap.add_argument("--work", default=scratch_dir("vllm-dcu-kv-drift"),
+                    help="scratch folder (default: $BENCH_WORK, else vllm-dcu-kv-drift in the system's temporary "
+                         "folder: %(default)s)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)
     t0 = time.monotonic()

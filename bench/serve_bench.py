@@ -33,12 +33,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
 from bench import profiles, prompts
 from bench.serve_config import PROTOCOLS, BenchConfig, BenchError
 from bench.serve_procs import Clock
 from bench.serve_run import run
+from bench.workdir import scratch_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,8 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(REPO, "bench", "results"))
     ap.add_argument("--what", default=None, help="file-name label (default from the arguments)")
     ap.add_argument("--gpu", default=None, help="GPU label for file names (default: from nvidia-smi)")
-    ap.add_argument("--work", default=os.environ.get("BENCH_WORK") or os.path.join(tempfile.gettempdir(),
-                                                                                    "vllm-dcu-bench"),
+    ap.add_argument("--work", default=scratch_dir("vllm-dcu-bench"),
                     help="scratch dir for the model dir and prompts (default: $BENCH_WORK, else vllm-dcu-bench in "
                          "the system's temporary folder: %(default)s)")
     ap.add_argument("--deadline-s", type=float, default=480.0,

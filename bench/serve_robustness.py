@@ -41,7 +41,6 @@ import os
 import re
 import shlex
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -64,6 +63,7 @@ from bench.serve_metrics import parse_server_log
 from bench.serve_plan import variant_patches
 from bench.serve_procs import Clock, Server, free_port, gpu_label
 from bench.synth_tokenizer import write_tokenizer
+from bench.workdir import scratch_dir
 from kernels.results_io import write_result_pair
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -236,8 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "finish is skipped (recorded); default $LEFT_S or 510")
     ap.add_argument("--start-timeout-s", type=float, default=330.0)
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(REPO, "bench", "results"))
-    ap.add_argument("--work", default=os.path.join(os.environ.get("BENCH_WORK") or os.path.join(
-                        tempfile.gettempdir(), "vllm-dcu-bench"), "robustness"),
+    ap.add_argument("--work", default=os.path.join(scratch_dir("vllm-dcu-bench"), "robustness"),
                     help="scratch dir for the model dir (default: $BENCH_WORK/robustness, else vllm-dcu-bench/"
                          "robustness in the system's temporary folder: %(default)s)")
     ap.add_argument("--gpu", default=None, help="GPU label for file names (default: from nvidia-smi)")
