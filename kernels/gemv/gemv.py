@@ -22,7 +22,8 @@ stream over W: the kernel is built for bytes in flight, not for math.
   program in flight instead of the one tile of the plain loop (sm90: K_STAGES 3 at one row for N = 5120).
 * Stream-K (a fixed grid of a few programs per SM sharing the (N tile, K tile) units) was tried and
   measured slower on the H200 at every shape and row count (2026-12-02, bench --variants: 1 row
-  1.02-1.07x the table's time, e.g. 16384x5120 44.2 vs 42.4 us; 2-8 rows 1.02-1.33x); removed, its code is in commit 6aaf4c5.
+  1.02-1.07x the table's time, e.g. 16384x5120 44.2 vs 42.4 us; 2-8 rows 1.02-1.33x); removed, its
+  code is in commit 6aaf4c5.
 * Fused SiLU-and-mul (vLLM's SiluAndMul convention): W = [gate; up] with N = 2 * N_out rows; a
   program reads gate row n and up row N_out + n for each of its columns and writes
   silu(g) * u in fp32 before the one rounding to the output dtype.

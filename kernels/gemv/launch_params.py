@@ -98,7 +98,8 @@ _SM90 = {
         # one call, % of the eagerly timed copy bandwidth (4220 GB/s): 5120x6144 18.0 us (83%) vs 18.2 us (82%)
         # without, cuBLAS 19.7 us (76%); 5120x17408 42.9 us (98%) vs 44.5 us (95%), cuBLAS 49.6 us (85%).
         # No gain at 16384x5120 (43.2 vs 42.4 us) or 14336x5120 (37.1 vs 37.0); 2-8 rows (DOT 32x128,
-        # K_STAGES 6) 1.22-1.35x cuBLAS's time against the table's 1.02-1.07x.
+        # K_STAGES 6) 1.22-1.35x cuBLAS's time against the table's 1.02-1.07x. The plain sweep does not try
+        # K_STAGES (--variants does): keep these two entries when pasting a sweep's suggested shapes.
         "5120x6144": {"1": {"K_STAGES": 3}},
         "5120x17408": {"1": {"K_STAGES": 3}},
         "34816x5120": {"2": {"BLOCK_K": 128, "BLOCK_N": 64, "num_stages": 4}, "4": {"BLOCK_N": 64}, "8": {"BLOCK_N": 64}},
