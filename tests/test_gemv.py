@@ -119,8 +119,31 @@ def test_even_k_and_n_smaller_than_one_tile():
     check(gemv(x, w, b, config={**FMA1, "BLOCK_N": 16}), x, w, b)
 
 
+# --- pipelined K loop (K_STAGES) -----------------------------------------------------------------
+# N = 37 and K = 83 (6 K tiles of 16): loops of 1-6 tiles, shorter than K_STAGES in some splits, a masked last tile.
+# The interpreter ignores tl.range's num_stages, so this checks the loop's bounds and masks, not the pipelining.
+
+K_STAGES = [
+    {**FMA1, "K_STAGES": 2},
+    {**FMA1, "K_STAGES": 3},
+    {**FMA1, "K_STAGES": 4, "SPLIT_K": 3},
+    {**DOT, "BLOCK_K": 16, "K_STAGES": 3},
+    {**DOT, "K_STAGES": 4, "SPLIT_K": 2},
+]
+K_STAGES_IDS = ["fma-s2", "fma-s3", "fma-s4-split3", "dot-s3", "dot-s4-split2"]
+
+
+@pytest.mark.parametrize("cfg", K_STAGES, ids=K_STAGES_IDS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+def test_k_stages_match_reference(cfg, rows):
+    x, w, b = case(rows, 37, 83, torch.bfloat16, seed=rows)
+    check(gemv(x, w, b, config=cfg), x, w, b)
+    check(gemv(x, w, config=cfg), x, w, None)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("cfg", [None, FMA1, {**DOT, "SPLIT_K": 3}], ids=["table", "fma", "dot-split3"])
+@pytest.mark.parametrize("cfg", [None, FMA1, {**DOT, "SPLIT_K": 3}, K_STAGES[0], K_STAGES[4]],
+                         ids=["table", "fma", "dot-split3", "fma-s2", "dot-s4-split2"])
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_fused_silu_mul_matches_reference(rows, cfg, dtype):
     x, w, b = case(rows, 2 * 19, 70, dtype, seed=rows)
@@ -148,36 +171,6 @@ def test_split_policy_fills_the_device_only_when_n_is_small():
     assert launch_params.num_splits(1, 100000, 64, 132, {**entry, "max_splits": 8}) == 8
 
 
-# --- pipelined K loop (K_STAGES) -----------------------------------------------------------------
-# N = 37 and K = 83 (6 K tiles of 16): loops of 1-6 tiles, shorter than K_STAGES in some splits, a masked last tile.
-# The interpreter ignores tl.range's num_stages, so this checks the loop's bounds and masks, not the pipelining.
-
-K_STAGES = [
-    {**FMA1, "K_STAGES": 2},
-    {**FMA1, "K_STAGES": 3},
-    {**FMA1, "K_STAGES": 4, "SPLIT_K": 3},
-    {**DOT, "BLOCK_K": 16, "K_STAGES": 3},
-    {**DOT, "K_STAGES": 4, "SPLIT_K": 2},
-]
-K_STAGES_IDS = ["fma-s2", "fma-s3", "fma-s4-split3", "dot-s3", "dot-s4-split2"]
-
-
-@pytest.mark.parametrize("cfg", K_STAGES, ids=K_STAGES_IDS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
-def test_k_stages_match_reference(cfg, rows):
-    x, w, b = case(rows, 37, 83, torch.bfloat16, seed=rows)
-    check(gemv(x, w, b, config=cfg), x, w, b)
-    check(gemv(x, w, config=cfg), x, w, None)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("cfg", [K_STAGES[0], K_STAGES[4]], ids=["fma-s2", "dot-s4-split2"])
-@pytest.mark.parametrize("rows", [1, 4, 7])
-def test_k_stages_fused_silu_mul_matches_reference(rows, cfg, dtype):
-    x, w, b = case(rows, 2 * 19, 70, dtype, seed=rows)
-    y = gemv(x, w, b, silu_mul=True, config=cfg)
-    assert y.shape == (rows, 19)
-    check(y, x, w, b, silu_mul=True)
 
 
 def test_sm90_table_pipelines_the_k_loop_only_where_measured():
