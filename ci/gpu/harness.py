@@ -23,6 +23,7 @@ Python API for drivers (standard library only, so a driver can import it before 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -31,6 +32,17 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+
+def _sibling(name: str):
+    """A module of this folder, by path: this file runs as a script, as ci.gpu.x, or loaded from its path."""
+    spec = importlib.util.spec_from_file_location(f"vllm_dcu_ci_gpu_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+autotune_cache = _sibling("autotune_cache")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -157,7 +169,8 @@ def install_variant(entry: dict, bundle: Path | None = None) -> bool:
 
 
 def prepare(bundle: Path | None = None) -> list[str]:
-    """Install deps and every variant of the bundle (each only if changed); return the variant names."""
+    """Install deps and every variant of the bundle (each only if changed), put back the Triton autotuning
+    results an earlier call saved (ci/gpu/autotune_cache.py); return the variant names."""
     bundle = bundle or bundle_dir()
     man = manifest(bundle)
     if install_deps(bundle):
@@ -166,6 +179,9 @@ def prepare(bundle: Path | None = None) -> list[str]:
         if install_variant(entry, bundle):
             print(f"harness: unpacked variant {entry['name']} ({entry['version']}) into "
                   f"{variant_dir(entry['name'])}", flush=True)
+    n = autotune_cache.restore(REPO / ".gpu" / "triton-autotune")
+    if n:
+        print(f"harness: restored {n} Triton autotuning results from .gpu/triton-autotune", flush=True)
     return [v["name"] for v in man["variants"]]
 
 

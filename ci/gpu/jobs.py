@@ -14,7 +14,9 @@ lanes are idle and holds them while it runs. Each job gets CUDA_VISIBLE_DEVICES,
 folders never collide), BENCH_WORK=<work>/<name>, and LEFT_S (seconds to the deadline, minus a margin
 for packing, when it starts); it is stopped (its process group killed) at the deadline, and a job whose lane
 reaches it with under 20 s left is skipped. Logs: <res>/<name>.log. At the end the results folder is packed
-into $OUT/results.tgz, the summary is written to $OUT/summary.md and printed last.
+into $OUT/results.tgz, the summary is written to $OUT/summary.md and printed last. The machine's Triton
+autotuning results go into results.tgz too (triton-autotune/, ci/gpu/autotune_cache.py): unpacked into .gpu/ and
+carried, they spare the next fresh machine the sweeps (`tar xzf results.tgz -C .gpu triton-autotune`).
 
     python ci/gpu/jobs.py PLAN [--deadline-s 560] [--res DIR] [--work DIR] [--dry-run]
 
@@ -212,7 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     runner = Runner(jobs, res, t0 + a.deadline_s - PACK_MARGIN_S, work=Path(a.work))
     runner.run()
+    # the Triton autotuning results of this machine, for the next call's prepare (ci/gpu/autotune_cache.py)
+    saved = subprocess.run([sys.executable, str(Path(__file__).with_name("autotune_cache.py")), "save",
+                            str(res / "triton-autotune")], capture_output=True, text=True)
     md = summary_md(jobs, a.plan, time.monotonic() - t0)
+    if saved.stdout.strip():
+        md += f"\n{saved.stdout.strip()}\n"
     (res / "summary.md").write_text(md)
     out = os.environ.get("OUT")
     if out:
