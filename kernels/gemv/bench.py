@@ -407,8 +407,8 @@ def main(argv=None):
     command = command.replace(f" --out {args.out}", "")
     stamp = datetime.date.today().isoformat()
     dev = name.replace(" ", "-").lower()
+    ops = [Op(op_name, n, k, silu, l2) for op_name, n, k, silu in SHAPES]
     if args.variants:
-        ops = [Op(op_name, n, k, silu, l2) for op_name, n, k, silu in SHAPES]
         rows_out = run_variants(ops, target, copy_gbps)
         meta = {"device": name, "target": target, "copy_GBps": copy_gbps, "platform": platform,
                 "torch": torch.__version__, "triton": triton.__version__, "command": command,
@@ -422,9 +422,6 @@ def main(argv=None):
         print(md)
         return base_path
 
-    ops = []
-    for op_name, n, k, silu in SHAPES:
-        ops.append(Op(op_name, n, k, silu, l2))
     sweep_rows, results, skipped = [], {}, 0
     if not args.quick:
         results, skipped = sweep(ops, rocm, t_start + args.budget_s, sweep_rows)
