@@ -24,9 +24,10 @@ ROOTS = (".triton/cache", ".cache/vllm")  # under $HOME
 PATTERN = "*.autotune.json"
 
 
-def _files(home: Path):
+def _files(top: Path):
+    """Every autotuning result under top's ROOTS (top: a home folder, or a folder save wrote)."""
     for root in ROOTS:
-        base = home / root
+        base = top / root
         if base.is_dir():
             yield from (p for p in sorted(base.rglob(PATTERN)) if p.is_file())
 
@@ -54,18 +55,12 @@ def restore(src: Path, home: Path | None = None) -> int:
     """Copy the results saved in ``src`` back under ``home`` (default $HOME), skipping files already there and
     anything outside ROOTS; returns how many were copied. A missing ``src`` restores nothing."""
     home = Path.home() if home is None else home
-    if not src.is_dir():
-        return 0
     n = 0
-    for root in ROOTS:
-        base = src / root
-        if not base.is_dir():
-            continue
-        for p in sorted(base.rglob(PATTERN)):
-            dst = home / p.relative_to(src)
-            if p.is_file() and not dst.exists():
-                _copy(p, dst)
-                n += 1
+    for p in _files(src):
+        dst = home / p.relative_to(src)
+        if not dst.exists():
+            _copy(p, dst)
+            n += 1
     return n
 
 
