@@ -91,6 +91,11 @@ def assert_close(out, want, dtype, rows=None):
     assert max_abs < TOL[dtype][0] and rel < TOL[dtype][1], f"max abs error {max_abs}, relative {rel}, limits {TOL[dtype]}"
 
 
+def _rel(out, want):
+    """Error norm / reference norm over the whole output."""
+    return ((out.double() - want).norm() / want.norm()).item()
+
+
 def p(block_m=16, block_n=16, **kw):
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, num_stages=1, **kw)
 
@@ -184,8 +189,7 @@ def test_quantized_v_across_the_value_range(kv_quant, v_mag):
     # the 8-bit path keeps P in [0, 1] whatever the V scales (tiny V must not underflow, huge V not overflow)
     case = make_case([(13, 40)], block_size=16, kv_quant=kv_quant, d=16, v_mag=v_mag, k_mag=1000.0, seed=11)
     out = run(case, params=p(16), software_fp8=True)
-    want = reference(case)
-    rel = ((out.double() - want).norm() / want.norm()).item()
+    rel = _rel(out, reference(case))
     assert torch.isfinite(out).all() and rel < 1e-2, rel
 
 
@@ -195,8 +199,7 @@ def test_8bit_huge_v_keeps_the_keys_below_the_max_when_subnormals_flush(kv_quant
     case = make_case([(3, 256)], block_size=16, kv_quant=kv_quant, d=32, seed=21, kv_fn=huge_v_keys_below_the_max(32))
     with subnormals_flushed():
         out = run(case, params=p(16), software_fp8=True)
-    want = reference(case)
-    rel = ((out.double() - want).norm() / want.norm()).item()
+    rel = _rel(out, reference(case))
     assert torch.isfinite(out).all() and rel < 1e-2, rel
 
 
@@ -209,8 +212,7 @@ def test_all_zero_v_tile_after_large_v_stays_finite(kv_quant):
     case["v_cache"][page].zero_()
     case["v_scales"][page].zero_()
     out = run(case, params=p(16), software_fp8=True)
-    want = reference(case)
-    rel = ((out.double() - want).norm() / want.norm()).item()
+    rel = _rel(out, reference(case))
     assert torch.isfinite(out).all() and rel < 1e-2, rel
 
 
@@ -325,10 +327,6 @@ def _mirrored(case, **kw):
     _nan_mirror(pa_mod, d=case["q"].shape[2])
     return run(case, params=p(16), mirror_params=p(16, 32), max_seqlen_k=int(case["seq_lens"].max()), mirror=512,
                software_fp8=True, **kw)
-
-
-def _rel(out, want):
-    return ((out.double() - want).norm() / want.norm()).item()
 
 
 @pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
