@@ -175,9 +175,17 @@ def test_head_dim_not_a_power_of_two():
 
 @pytest.mark.parametrize("kv_quant", [None, "int8", "fp8"])
 def test_extreme_finite_inputs_give_finite_outputs(kv_quant):
-    # scores beyond float32 (|q|, |k| ~ 1e20, bf16 allows 3e38) and V near bf16's largest values
-    case = make_case([(6, 20)], block_size=16, d=16, kv_quant=kv_quant, q_mag=1e20, k_mag=1e20, v_mag=1e37,
-                     seed=10)
+    # scores beyond float32 and V near bf16's largest values: q is 1.2e19 everywhere and each key is +-1.2e19 in
+    # every channel, so every product (1.44e38) is finite in float32 and each score's sum (2.3e39) overflows to one
+    # side only (the kernel saturates S at +-3e38). Products or partial sums that overflow with both signs give
+    # inf - inf inside the dot itself, NaN or not depending on how the hardware (or numpy's float32 matmul under
+    # the CPU interpreter) splits the sum: no kernel-side saturation can reach that; tests/gpu runs |q|, |k| ~ 1e19
+    # x randn at head_dim 256 on the device
+    def same_magnitude(q, k, v, table):
+        q.fill_(1.2e19)
+        k.copy_(k[..., :1].sign().expand_as(k) * 1.2e19)
+
+    case = make_case([(6, 20)], block_size=16, d=16, kv_quant=kv_quant, v_mag=1e37, seed=10, kv_fn=same_magnitude)
     out = run(case, params=p(16), software_fp8=True)
     assert torch.isfinite(out).all()
     assert out.abs().max() <= case["q"].new_tensor(4e37).float()

@@ -13,8 +13,10 @@ BLOCK_M = BLOCK_Q * GROUP rows (rounded up to a power of two) read each K/V tile
 Loads are never masked: a key index past the sequence re-reads its last token (finite memory), and its score
 is masked. Online softmax in base 2 with the scale folded in; the accumulator is kept normalized (each step
 rescales it by l_old / l_new and adds P / l_new times V), so it is a convex combination of V rows and cannot
-overflow for any finite V, and scores that overflow float32 saturate: every finite input gives a finite
-output. Tiles are launched heaviest first (the last query tiles of each sequence see the most keys), which
+overflow for any finite V, and scores that overflow float32 saturate. One gap: where single products or
+partial sums of q . k overflow with both signs (|q| x |k| beyond ~1e38 per channel), the matrix product itself
+can return inf - inf = NaN, depending on how the hardware splits the sum; no saturation after the dot reaches it.
+Tiles are launched heaviest first (the last query tiles of each sequence see the most keys), which
 shortens the tail of a launch.
 
 Quantized caches (kv_quant "fp8" / "int8", docs/kv-cache-layout.md): uint8 codes become fp16 exactly
