@@ -108,10 +108,13 @@ def test_quantized_cache_matches_dequantized_reference_for_ragged_lengths(kv_qua
 
 @pytest.mark.parametrize("block_size,seq_len", [(784, 800), (1552, 1570)])
 @pytest.mark.parametrize("kv_quant", [None, "int8"])
-def test_tiles_straddling_large_pages_read_each_token_from_its_own_page(params, block_size, seq_len, kv_quant):
-    # BLOCK_N 32 does not divide 784 or 1552, so one tile spans two pages; 3 splits put split
-    # boundaries inside pages too. The two pages of the sequence are not adjacent in memory.
-    params(BLOCK_N=32)
+@pytest.mark.parametrize("page_loop", [0, 1])
+def test_tiles_straddling_large_pages_read_each_token_from_its_own_page(params, block_size, seq_len, kv_quant,
+                                                                         page_loop):
+    # BLOCK_N 32 does not divide 784 or 1552: without page_loop one tile spans two pages; with it a page's last
+    # tile overlaps the one before (its first 16 keys masked); 3 splits put split boundaries inside pages too. The
+    # two pages of the sequence are not adjacent in memory.
+    params(BLOCK_N=32, page_loop=page_loop)
     case = make_case([seq_len], block_size=block_size, d=32, kv_quant=kv_quant, seed=1)
     assert_close(run(case, num_splits=3, software_fp8=True), reference(case), torch.float16)
 
@@ -121,6 +124,26 @@ def test_pages_smaller_than_a_tile_read_each_token_from_its_own_page(params, kv_
     params(BLOCK_N=32)  # 16-token pages: one tile spans two or three pages
     case = make_case([70, 33], block_size=16, d=32, kv_quant=kv_quant, seed=2)
     assert_close(run(case, num_splits=2, software_fp8=True), reference(case), torch.float16)
+
+
+@pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
+@pytest.mark.parametrize("page_loop", [0, 1])
+def test_8bit_garbage_past_the_end_of_the_last_page_does_not_reach_the_output(params, kv_quant, page_loop):
+    # hybrid models share pages with other layers' state, so past a sequence's end a page may hold any bytes: e4m3
+    # NaN codes (0x7F) and NaN / inf scales. BLOCK_N 32 over 48-token pages (page_loop: the pages' tiles overlap);
+    # several splits per sequence, so split ranges start and end inside pages.
+    params(BLOCK_N=32, page_loop=page_loop)
+    lens = [20, 47, 96, 50, 130]
+    case = make_case(lens, block_size=48, hkv=2, hq=4, kv_quant=kv_quant, seed=5)
+    for b, n in enumerate(lens):
+        page = case["block_table"][b, (n - 1) // 48]
+        tail = slice((n - 1) % 48 + 1, None)
+        case["k_cache"][page, tail] = 0x7F
+        case["v_cache"][page, tail] = 0x7F
+        case["k_scales"][page, tail] = float("nan")
+        case["v_scales"][page, tail] = float("inf")
+    for software in (True, False):
+        assert_close(run(case, num_splits=3, software_fp8=software), reference(case), torch.float16)
 
 
 def test_garbage_past_the_end_of_the_last_page_does_not_reach_the_output():

@@ -11,7 +11,8 @@ device copy (read + write bytes / time). Pages are scattered at random over a po
 First a sweep over launch parameters (BLOCK_N, num_warps, num_stages) and the split policy
 (programs_per_cu, min_split_tokens) picks one configuration per KV width; the main table runs with
 it and the script prints the launch_params entry to paste. --quick skips the sweep and uses the
-table (or VLLM_DCU_DECODE_PARAMS).
+table (or VLLM_DCU_DECODE_PARAMS). --kv8 LABEL=JSON (repeatable, with --quick) times the 8-bit rows once per kv8
+launch entry given, in the same process as the bf16 rows, e.g. --kv8 'n64s3={"BLOCK_N":64,"num_stages":3}'.
 
 Baseline: the file named by VLLM_DCU_BASELINE_UA (0.18.1's triton_unified_attention.py, loaded
 with stand-ins for its four vllm imports), else ``unified_attention`` of the installed vllm (make
@@ -314,7 +315,8 @@ def markdown(meta, rows):
     out = [f"# Decode attention: {meta['device']}", "", f"Command: `{meta['command']}`", "",
            f"Device copy bandwidth (read + write): {meta['copy_GBps']:.0f} GB/s. Baseline: {meta['baseline']}.",
            f"Configuration: target `{meta['target']}`, {json.dumps(meta['config'])}"
-           f" ({'from the sweep' if meta['swept'] else 'from launch_params / env'}).",
+           f" ({'from the sweep' if meta['swept'] else 'from launch_params / env'})."
+           + "".join(f" Rows `dtype [{k}]`: kv8 {json.dumps(v)}." for k, v in meta.get("kv8_variants", {}).items()),
            "Times in us per call (both stages), CUDA-graph replay, median. GB/s = KV bytes read / time;"
            " % = of copy bandwidth; x UA = speedup over unified_attention on bf16 KV;"
            " x bf16 = our time / our bf16 time.", "",
@@ -337,7 +339,21 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="check the script on the CPU at toy shapes")
     ap.add_argument("--replot", metavar="JSON", help="only redraw the PNG of an earlier run's JSON (no GPU needed)")
     ap.add_argument("--tag", default="", help="appended to the output file names (keeps an earlier run of the day)")
+    ap.add_argument("--kv8", action="append", default=[], metavar="LABEL=JSON",
+                    help="with --quick: time the 8-bit rows with this kv8 entry too (repeatable)")
     args = ap.parse_args(argv)
+    kv8_variants = []
+    for item in args.kv8:
+        label, sep, text = item.partition("=")
+        try:
+            cfg = json.loads(text) if sep and label else None
+        except json.JSONDecodeError:
+            cfg = None
+        if not isinstance(cfg, dict):
+            sys.exit(f"error: --kv8 wants LABEL=JSON-object, got {item!r}")
+        kv8_variants.append((label, cfg))
+    if kv8_variants and not args.quick:
+        sys.exit("error: --kv8 needs --quick (the sweep chooses its own kv8 entry)")
     if args.replot:
         with open(args.replot) as f:
             data = json.load(f)
@@ -371,14 +387,19 @@ def main(argv=None):
         config = sweep(pools, sweep_rows)
         log(f"sweep done in {time.time() - t_start:.0f} s: {config}")
     entry = launch_params.get_params(target, override=json.dumps(config))
+    for label, cfg in kv8_variants:  # a bad entry fails here, before any timing
+        launch_params.get_params(target, override=json.dumps({**config, "kv8": cfg}))
+    runs = [(dtype, None, config) for dtype in DTYPES]
+    runs += [(dtype, label, {**config, "kv8": cfg}) for label, cfg in kv8_variants for dtype in DTYPES[1:]]
 
     rows, ours_bf16 = [], {}
-    for dtype in DTYPES:
+    for dtype, variant, run_config in runs:
         for batch, ctx in itertools.product(BATCHES, CTXS):
             c = pools.case(dtype, batch, ctx)
-            us = with_params(config, lambda: time_graph(ours_fn(c)))
+            us = with_params(run_config, lambda: time_graph(ours_fn(c)))
             gbps = c["kv_bytes"] / (us * 1e-6) / 1e9
-            r = dict(dtype=dtype, batch=batch, ctx=ctx, block_size=c["k"].shape[1], us=round(us, 1),
+            r = dict(dtype=dtype if variant is None else f"{dtype} [{variant}]", batch=batch, ctx=ctx,
+                     block_size=c["k"].shape[1], us=round(us, 1),
                      GBps=round(gbps), pct_copy=round(100 * gbps / copy_gbps, 1),
                      splits=launch_params.num_splits(batch, HKV, props.multi_processor_count, entry))
             if dtype == "bf16":
@@ -393,7 +414,7 @@ def main(argv=None):
             else:
                 r["ratio_vs_bf16"] = round(us / ours_bf16[(batch, ctx)], 2)
             rows.append(r)
-            log(f"{dtype} batch {batch} ctx {ctx}: {us:.1f} us {gbps:.0f} GB/s")
+            log(f"{r['dtype']} batch {batch} ctx {ctx}: {us:.1f} us {gbps:.0f} GB/s")
     ua_us = {(r["batch"], r["ctx"]): r["us"] for r in rows if r["dtype"] == "baseline_bf16"}
     for r in rows:
         if r["dtype"] not in ("bf16", "baseline_bf16") and (r["batch"], r["ctx"]) in ua_us:
@@ -405,9 +426,11 @@ def main(argv=None):
     base = os.path.join(args.out, f"{stamp}-{dev}-decode-attention" + (f"-{args.tag}" if args.tag else ""))
     suggested = {k: config.get(k, entry[k]) for k in ("programs_per_cu", "min_split_tokens", "kv16", "kv8")}
     meta = dict(device=props.name, target=target, num_cus=props.multi_processor_count, copy_GBps=copy_gbps,
-                baseline=ua_src, config=config, swept=not args.quick, torch=torch.__version__,
+                baseline=ua_src, config=config, swept=not args.quick, kv8_variants=dict(kv8_variants),
+                torch=torch.__version__,
                 triton=triton.__version__, command="python -m kernels.decode_attention.bench" +
-                (" --quick" if args.quick else "") + (f" --tag {args.tag}" if args.tag else ""),
+                (" --quick" if args.quick else "") + (f" --tag {args.tag}" if args.tag else "") +
+                "".join(f" --kv8 '{item}'" for item in args.kv8),
                 seconds=round(time.time() - t_start),
                 suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))
     write_text(base + ".json", json.dumps(dict(meta=meta, rows=rows, sweep=sweep_rows), indent=1))

@@ -72,9 +72,19 @@ _KV8_OUT_FACTOR = tl.constexpr(1099511627776.0)  # 2^40 = 2^8 (the V factor's) x
 
 
 @triton.jit
-def _split_range(seq_len, max_splits, min_split_tokens, BLOCK_N: tl.constexpr):
+def _num_tiles(seq_len, block_size, BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr):
+    """KV tiles of one sequence. PAGE_LOOP: tiles never cross a page, cdiv(block_size, BLOCK_N) of them per page
+    (a page's last tile ends at the page's end, overlapping the one before)."""
+    if PAGE_LOOP:
+        last_page = (seq_len - 1) // block_size
+        return last_page * tl.cdiv(block_size, BLOCK_N) + (seq_len - 1 - last_page * block_size) // BLOCK_N + 1
+    else:
+        return tl.cdiv(seq_len, BLOCK_N)
+
+
+@triton.jit
+def _split_range(seq_len, n_tiles, max_splits, min_split_tokens):
     """Tiles per split and number of non-empty splits of one sequence (both stages agree)."""
-    n_tiles = tl.cdiv(seq_len, BLOCK_N)
     want = tl.minimum(tl.cdiv(seq_len, min_split_tokens), max_splits)
     tiles_per_split = tl.maximum(tl.cdiv(n_tiles, tl.maximum(want, 1)), 1)
     return tiles_per_split, tl.cdiv(n_tiles, tiles_per_split)
@@ -204,6 +214,44 @@ def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.cons
     return phys, slot
 
 
+@triton.jit
+def _tile_update(q, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_d, key_ok, s_mult, kv_mask, kv_other,
+                 KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr, K_PURE: tl.constexpr,
+                 V_PURE: tl.constexpr):
+    """One KV tile of the online softmax; returns (acc, m, l). k_rows / v_rows: a pointer per key to its row of
+    head_dim values; key_ok: the keys that count (not past the sequence, not already done)."""
+    k = tl.load(k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
+    if KV_QUANT != 0:
+        k = _codes_to_f16(k, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE)
+    s = tl.dot(q, tl.trans(k))
+    if KV_QUANT != 0:
+        k_scale = tl.load(ks_ptrs)
+        v_scale = tl.load(vs_ptrs)
+        s = s * (k_scale * s_mult)[None, :]
+    else:
+        s = s * s_mult
+    s = tl.where(key_ok[None, :], s, float("-inf"))
+    if KV_QUANT != 0:
+        # V factor folded into the score as its log (docstring): the running max is over t = score + log2(V
+        # factor), P' = exp2(t - m) <= 1 goes to the dot with the codes, l sums exp2(score - m + 32) (its own
+        # exponential: a key whose P' underflows can still carry probability, e.g. a zero-V key)
+        t = s + _v_scale_log2(v_scale, KV_QUANT)[None, :]
+        m_new = tl.maximum(m_i, tl.max(t, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(tl.exp2(s - m_new[:, None] + _L_SHIFT), axis=1)
+        p = tl.exp2(t - m_new[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
+    if KV_QUANT != 0:
+        v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX, V_PURE)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+    return acc, m_new, l_i
+
+
 # max_splits and min_split_tokens change with the batch size (or a forced split count): not
 # specialized on, so one compiled kernel serves every batch size.
 @triton.jit(do_not_specialize=["max_splits", "min_split_tokens"])
@@ -221,14 +269,15 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
-    K_PURE: tl.constexpr = False, V_PURE: tl.constexpr = False,
+    K_PURE: tl.constexpr = False, V_PURE: tl.constexpr = False, PAGE_LOOP: tl.constexpr = False,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    tiles_per_split, n_splits = _split_range(seq_len, max_splits, min_split_tokens, BLOCK_N)
+    n_tiles = _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP)
+    tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -249,12 +298,12 @@ def _decode_split_kernel(
         return
 
     q = tl.load(q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :], mask=hd_mask, other=0.0)
+    s_mult = scale_log2
     if KV_QUANT != 0:
         # 8-bit caches: fp16 products (every code is exact in fp16, see _codes_to_f16), q scaled
         # by a power of two into fp16's range; the factors come back out of S in s_mult.
         q, s_factor = _q_for_codes(q, KV_QUANT)
         s_mult = scale_log2 * s_factor
-    dot_dtype = q.dtype
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -262,54 +311,52 @@ def _decode_split_kernel(
 
     bt_row = block_table_ptr + seq * stride_btb
     tile_start = split * tiles_per_split
-    tile_end = tl.minimum(tile_start + tiles_per_split, tl.cdiv(seq_len, BLOCK_N))
+    tile_end = tl.minimum(tile_start + tiles_per_split, n_tiles)
     last = seq_len - 1
-    last_page = last // block_size
-    # Rows past the end of the sequence re-read its last token (always valid memory, finite), so the
-    # K/V loads need no row mask; their scores are set to -inf below.
     if HEAD_DIM == BLOCK_D:
         kv_mask = None
         kv_other = None
     else:
         kv_mask = d_mask[None, :]
         kv_other = 0
-    for tile in range(tile_start, tile_end):
-        n_mask = tile * BLOCK_N + offs_n < seq_len
-        phys, slot = _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N, PAGE_GE_TILE)
-
-        k_row = phys * stride_kb + slot * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + k_row[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
-        if KV_QUANT != 0:
-            k = _codes_to_f16(k, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE)
-        s = tl.dot(q, tl.trans(k))
-        if KV_QUANT != 0:
-            k_scale = tl.load(ks_ptr + phys * stride_ksb + slot * stride_kst + kv_head * stride_ksh)
-            v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
-            s = s * (k_scale * s_mult)[None, :]
-        else:
-            s = s * scale_log2
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        if KV_QUANT != 0:
-            # V factor folded into the score as its log (docstring): the running max is over t = score + log2(V
-            # factor), P' = exp2(t - m) <= 1 goes to the dot with the codes, l sums exp2(score - m + 32) (its own
-            # exponential: a key whose P' underflows can still carry probability, e.g. a zero-V key)
-            t = s + _v_scale_log2(v_scale, KV_QUANT)[None, :]
-            m_new = tl.maximum(m_i, tl.max(t, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(tl.exp2(s - m_new[:, None] + _L_SHIFT), axis=1)
-            p = tl.exp2(t - m_new[:, None])
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-
-        v_row = phys * stride_vb + slot * stride_vt + kv_head * stride_vh
-        v = tl.load(v_ptr + v_row[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
-        if KV_QUANT != 0:
-            v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX, V_PURE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(dot_dtype), v)
-        m_i = m_new
+    k_head = k_ptr + kv_head * stride_kh
+    v_head = v_ptr + kv_head * stride_vh
+    ks_head = ks_ptr + kv_head * stride_ksh
+    vs_head = vs_ptr + kv_head * stride_vsh
+    # Rows past the end of the sequence re-read its last token (always valid memory, finite), so the K/V loads
+    # need no row mask; their scores are set to -inf.
+    if PAGE_LOOP:
+        # Pages in the outer loop (one block-table read each), the page's tiles in the inner one: nothing the inner
+        # loop's addresses depend on is loaded inside it, so the pipeliner keeps num_stages - 1 tiles in flight
+        # (with the page read in the same loop it kept one, whatever num_stages said). A page's last tile ends at
+        # the page's end and masks the keys of the tile before it.
+        tiles_per_page = tl.cdiv(block_size, BLOCK_N)
+        for page in range(tile_start // tiles_per_page, (tile_end - 1) // tiles_per_page + 1):
+            phys = tl.load(bt_row + page).to(tl.int64)
+            first_tok = page * block_size
+            for j in range(tl.maximum(tile_start - page * tiles_per_page, 0),
+                           tl.minimum(tile_end - page * tiles_per_page, tiles_per_page)):
+                start = j * BLOCK_N
+                slots = tl.minimum(start, block_size - BLOCK_N) + offs_n
+                key_ok = (slots >= start) & (first_tok + slots < seq_len)
+                slot = tl.minimum(slots, last - first_tok)
+                acc, m_i, l_i = _tile_update(
+                    q, acc, m_i, l_i,
+                    k_head + phys * stride_kb + slot * stride_kt, v_head + phys * stride_vb + slot * stride_vt,
+                    ks_head + phys * stride_ksb + slot * stride_kst, vs_head + phys * stride_vsb + slot * stride_vst,
+                    offs_d, key_ok, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE, V_PURE,
+                )  # fmt: skip
+    else:
+        last_page = last // block_size
+        for tile in range(tile_start, tile_end):
+            phys, slot = _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N, PAGE_GE_TILE)
+            acc, m_i, l_i = _tile_update(
+                q, acc, m_i, l_i,
+                k_head + phys * stride_kb + slot * stride_kt, v_head + phys * stride_vb + slot * stride_vt,
+                ks_head + phys * stride_ksb + slot * stride_kst, vs_head + phys * stride_vsb + slot * stride_vst,
+                offs_d, tile * BLOCK_N + offs_n < seq_len, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE, PTX,
+                K_PURE, V_PURE,
+            )  # fmt: skip
 
     o = acc / l_i[:, None]
     lse = m_i + tl.log2(l_i)
@@ -327,15 +374,17 @@ def _decode_split_kernel(
 @triton.jit(do_not_specialize=["max_splits", "min_split_tokens"])
 def _merge_splits_kernel(
     ws_o_ptr, ws_lse_ptr, seq_lens_ptr, out_ptr,
-    max_splits, min_split_tokens, num_q_heads,
+    max_splits, min_split_tokens, num_q_heads, block_size,
     stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_DM: tl.constexpr, BLOCK_N: tl.constexpr, MERGE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_DM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr,
+    MERGE: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     head = tl.program_id(1)
     d_chunk = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    _, n_splits = _split_range(seq_len, max_splits, min_split_tokens, BLOCK_N)
+    _, n_splits = _split_range(seq_len, _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), max_splits,
+                               min_split_tokens)
     if n_splits <= 1:
         return  # stage 1 wrote the output (or zeros for an empty slot)
 
@@ -450,6 +499,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     block_d = triton.next_power_of_2(d)
     block_n = launch.pop("BLOCK_N")
     early_convert = launch.pop("early_convert", 2)
+    page_loop = bool(launch.pop("page_loop", 0)) and block_size >= block_n
 
     _decode_split_kernel[(batch, hkv, splits)](
         q, k_cache, v_cache, k_scales, v_scales, block_table, seq_lens,
@@ -459,13 +509,13 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
         block_table.stride(0), out.stride(0), out.stride(1),
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, BLOCK_N=block_n,
-        PAGE_GE_TILE=block_size >= block_n, KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8),
+        PAGE_GE_TILE=block_size >= block_n, PAGE_LOOP=page_loop, KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8),
         PTX=kv_quant is not None and _use_ptx(q.device), K_PURE=early_convert < 2, V_PURE=early_convert < 1, **launch,
     )  # fmt: skip
     if splits > 1:
         block_dm = min(_MERGE_DIM, block_d)
         _merge_splits_kernel[(batch, hq, triton.cdiv(d, block_dm))](
-            ws_o, ws_lse, seq_lens, out, splits, min_split, hq, out.stride(0), out.stride(1),
-            HEAD_DIM=d, BLOCK_DM=block_dm, BLOCK_N=block_n, MERGE=_MERGE_SPLITS, num_warps=4,
+            ws_o, ws_lse, seq_lens, out, splits, min_split, hq, block_size, out.stride(0), out.stride(1),
+            HEAD_DIM=d, BLOCK_DM=block_dm, BLOCK_N=block_n, PAGE_LOOP=page_loop, MERGE=_MERGE_SPLITS, num_warps=4,
         )  # fmt: skip
     return out

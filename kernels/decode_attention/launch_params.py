@@ -13,6 +13,11 @@ Keys of an entry:
               PTX code conversions run: 0 after the shared-memory load (in the dot-operand layout;
               V's bytes are then gathered one by one), 1 V before it (converted fp16 V goes
               through shared memory, K as 0), 2 K and V before it (default);
+              page_loop (0/1): pages in an outer loop (one block-table read per page), the page's tiles
+              in an inner one that the pipeliner can buffer num_stages - 1 tiles deep (with the page
+              read inside the tile loop it keeps one tile in flight whatever num_stages says); tiles
+              never cross a page, a page's last tile overlaps the one before; needs block_size >=
+              BLOCK_N, else off;
   lds_limit   bytes of LDS one workgroup may use on ROCm; the launcher rejects a configuration
               whose estimate (lds_bytes) exceeds it, naming the knobs to lower.
 
@@ -28,7 +33,8 @@ from ..targets import cached_entry, parse_override_object, target_for
 ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
-_LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert")
+_LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
+                "page_loop")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 _KV8_ONLY = ("early_convert",)
 
@@ -116,6 +122,9 @@ def _check_ints(entry: dict, where: str):
                     raise ValueError(f"{where}: {key} applies to kv8 only")
                 if val not in (0, 1, 2):
                     raise ValueError(f"{where}: kv8.{key} must be 0, 1 or 2, got {val!r}")
+            elif key == "page_loop":
+                if val not in (0, 1):
+                    raise ValueError(f"{where}: {sub}.page_loop must be 0 or 1, got {val!r}")
             elif not isinstance(val, int) or val < (0 if key == "waves_per_eu" else 1):
                 raise ValueError(f"{where}: {sub}.{key} must be a positive integer, got {val!r}")
         bn = entry[sub]["BLOCK_N"]
