@@ -217,13 +217,16 @@ def launch_grid():
                 for bn, w, st, we in grid]
         return {"kv16": cfgs, "kv8": cfgs}
     kv16 = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]
-    # kv8: (BLOCK_N, num_warps, num_stages, early_convert)
-    # (32, 4, 2|3, 1): no register spills in compile_check (BLOCK_N 64 spills ~400 B per thread); (32, 4, 2, 1) ran
-    # 0.84x of bf16 at batch 64 on the H200 (2026-12-02, sixth session) but slower than BLOCK_N 64 at batch 1-16
-    kv8 = [(64, 2, 2, 2), (64, 2, 2, 1), (64, 2, 2, 0), (64, 4, 2, 2), (64, 4, 2, 1), (64, 4, 2, 0), (64, 4, 3, 0),
-           (32, 2, 2, 2), (32, 4, 2, 0), (32, 4, 2, 1), (32, 4, 3, 1), (128, 4, 2, 0)]
+    # kv8: (BLOCK_N, num_warps, num_stages, early_convert, page_loop)
+    # (32, 4, 2|3, 1): 125 registers in compile_check (BLOCK_N 64: 146-167); (32, 4, 2, 1) ran
+    # 0.84x of bf16 at batch 64 on the H200 (2026-12-02, sixth session) but slower than BLOCK_N 64 at batch 1-16.
+    # page_loop 1 buffers num_stages - 1 tiles: (64, 4, 3, 1, 1) ran 0.90-0.91x of (64, 4, 2, 1, 0) overall on the
+    # H200 (eighth session), slower at batch 16 (split waves)
+    kv8 = [(64, 4, 2, 2, 0), (64, 4, 2, 1, 0), (64, 4, 2, 0, 0), (64, 4, 3, 0, 0), (32, 4, 2, 1, 0), (32, 4, 3, 1, 0),
+           (64, 4, 3, 1, 1), (64, 4, 3, 0, 1), (32, 4, 4, 0, 1), (32, 4, 4, 1, 1), (32, 4, 5, 0, 1), (128, 4, 2, 0, 0)]
     return {"kv16": [dict(BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in kv16],
-            "kv8": [dict(BLOCK_N=bn, num_warps=w, num_stages=st, early_convert=e) for bn, w, st, e in kv8]}
+            "kv8": [dict(BLOCK_N=bn, num_warps=w, num_stages=st, early_convert=e, page_loop=pl)
+                    for bn, w, st, e, pl in kv8]}
 
 
 SWEEP_SHAPES = ((1, 32768), (4, 16384), (16, 8192), (64, 8192))
