@@ -348,7 +348,20 @@ def main(argv=None):
     ap.add_argument("--tag", default="", help="appended to the output file names (keeps an earlier run of the day)")
     ap.add_argument("--kv8", action="append", default=[], metavar="LABEL=JSON",
                     help="with --quick: time the 8-bit rows with this kv8 entry too (repeatable)")
+    ap.add_argument("--batches", help="with --quick: comma-separated batch sizes instead of 1,4,16,64")
+    ap.add_argument("--ctxs", help="with --quick: comma-separated context lengths instead of 4096,...,32768")
     args = ap.parse_args(argv)
+    shape_filter = {}
+    for name, text in (("batches", args.batches), ("ctxs", args.ctxs)):
+        if text is None:
+            continue
+        try:
+            vals = tuple(int(x) for x in text.split(","))
+        except ValueError:
+            vals = ()
+        if not vals or min(vals) < 1 or not args.quick:
+            sys.exit(f"error: --{name} wants positive integers separated by commas, with --quick; got {text!r}")
+        shape_filter[name] = vals
     kv8_variants = []
     for item in args.kv8:
         label, sep, text = item.partition("=")
@@ -374,6 +387,9 @@ def main(argv=None):
         dry_run_setup()
     elif not torch.cuda.is_available():
         sys.exit("error: bench needs a CUDA/HIP GPU (torch.cuda.is_available() is False)")
+    global BATCHES, CTXS
+    BATCHES = shape_filter.get("batches", BATCHES)
+    CTXS = shape_filter.get("ctxs", CTXS)
     launch_params.get_params(launch_params.current_target())  # bad VLLM_DCU_DECODE_PARAMS fails here, once
     t_start = time.time()
     os.makedirs(args.out, exist_ok=True)
@@ -437,7 +453,8 @@ def main(argv=None):
                 torch=torch.__version__,
                 triton=triton.__version__, command="python -m kernels.decode_attention.bench" +
                 (" --quick" if args.quick else "") + (f" --tag {args.tag}" if args.tag else "") +
-                "".join(f" --kv8 '{item}'" for item in args.kv8),
+                "".join(f" --kv8 '{item}'" for item in args.kv8) +
+                "".join(f" --{k} {','.join(map(str, v))}" for k, v in shape_filter.items()),
                 seconds=round(time.time() - t_start),
                 suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))
     write_text(base + ".json", json.dumps(dict(meta=meta, rows=rows, sweep=sweep_rows), indent=1))
