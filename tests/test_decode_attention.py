@@ -387,6 +387,8 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     ('{"waves_per_eu": 2}', "ROCm-only options, not valid on sm90"),
     ('{"kv16": {"early_convert": 1}}', "early_convert applies to kv8 only"),
     ('{"early_convert": 3}', "kv8.early_convert must be 0, 1 or 2"),
+    ('{"kv8": {"page_loop": 2}}', "kv8.page_loop must be 0 or 1"),
+    ('{"split_round": "nearest"}', 'kv16.split_round must be "up" or "down"'),
 ])
 def test_bad_env_override_fails_with_one_clear_error(text, match):
     with pytest.raises(ValueError, match=match):
@@ -430,6 +432,25 @@ def test_split_count_fills_the_chip_at_batch_1_and_depends_only_on_batch_and_dev
     assert launch_params.num_splits(1024, 4, 132, entry) == 1
     dcu = launch_params.get_params("gfx936", override="")
     assert launch_params.num_splits(1, 4, 80, dcu) * 4 >= 80
+
+
+@pytest.mark.parametrize("batch,up,down", [(1, 66, 66), (4, 17, 16), (16, 5, 4), (64, 2, 1), (1024, 1, 1)])
+def test_split_round_down_never_launches_more_programs_than_the_target(batch, up, down):
+    entry = launch_params.get_params("sm90", override="")  # 2 programs per SM: 264 on 132 SMs
+    assert launch_params.num_splits(batch, 4, 132, entry) == up
+    assert launch_params.num_splits(batch, 4, 132, entry, round_down=True) == down
+    assert batch * 4 * down <= 264 or down == 1
+
+
+def test_split_round_down_gives_the_reference_output_and_its_workspace(params):
+    params(kv8={"split_round": "down", "page_loop": 1, "BLOCK_N": 32})
+    case = make_case([300, 47, 128], block_size=48, hkv=2, hq=4, kv_quant="int8", seed=8)
+    need = workspace_numel(3, 4, 2, 32, "cpu", kv8=True)
+    out = torch.full_like(case["q"], float("nan"))
+    decode_attention(case["q"], case["k_cache"], case["v_cache"], case["block_table"], case["seq_lens"],
+                     case["scale"], out, k_scales=case["k_scales"], v_scales=case["v_scales"], kv_quant="int8",
+                     workspace=torch.empty(need))
+    assert_close(out, reference(case), torch.float16)
 
 
 # --- benchmark script ----------------------------------------------------------------------------

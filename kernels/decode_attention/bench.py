@@ -424,7 +424,10 @@ def main(argv=None):
             r = dict(dtype=dtype if variant is None else f"{dtype} [{variant}]", batch=batch, ctx=ctx,
                      block_size=c["k"].shape[1], us=round(us, 1),
                      GBps=round(gbps), pct_copy=round(100 * gbps / copy_gbps, 1),
-                     splits=launch_params.num_splits(batch, HKV, props.multi_processor_count, entry))
+                     splits=launch_params.num_splits(
+                         batch, HKV, props.multi_processor_count, entry,
+                         launch_params.get_params(target, override=json.dumps(run_config))[
+                             "kv16" if dtype == "bf16" else "kv8"].get("split_round") == "down"))
             if dtype == "bf16":
                 ours_bf16[(batch, ctx)] = us
                 if ua is not None:

@@ -38,6 +38,7 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     block_n = launch.pop("BLOCK_N")
     early = launch.pop("early_convert", 2)
     page_loop = bool(launch.pop("page_loop", 0)) and block_size >= block_n
+    launch.pop("split_round", None)  # the host's split plan, not a compile option
     # The integers as the JIT specializes them at Qwen3.5-27B's shapes: the 8-bit scale views' head stride is 1 (a
     # constant); pointers and the other strides are multiples of 16 except the scales' token stride (4 heads) and
     # the split plan's counts. Without these the compiled code (registers above all) is not what runs: the kv8

@@ -424,8 +424,9 @@ def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8):
     target = launch_params.current_target(device)
     entry = launch_params.get_params(target)
     launch = dict(entry["kv8" if kv8 else "kv16"])
+    round_down = launch.pop("split_round", "up") == "down"
     if num_splits is None:
-        splits = launch_params.num_splits(batch, num_kv_heads, num_compute_units(device), entry)
+        splits = launch_params.num_splits(batch, num_kv_heads, num_compute_units(device), entry, round_down)
         min_split = entry["min_split_tokens"]
     else:
         splits, min_split = int(num_splits), 1  # exactly min(num_splits, tiles) splits per sequence

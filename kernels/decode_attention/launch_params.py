@@ -13,6 +13,11 @@ Keys of an entry:
               PTX code conversions run: 0 after the shared-memory load (in the dot-operand layout;
               V's bytes are then gathered one by one), 1 V before it (converted fp16 V goes
               through shared memory, K as 0), 2 K and V before it (default);
+              split_round ("up" / "down"): how the split count per sequence rounds programs_per_cu x
+              compute units / (batch x kv heads): up (default) fills the chip at every batch; down never
+              launches more programs than that target, for entries whose shared memory or registers
+              leave just programs_per_cu programs per compute unit (a round-up would start a second
+              wave for a few programs);
               page_loop (0/1): pages in an outer loop (one block-table read per page), the page's tiles
               in an inner one that the pipeliner can buffer num_stages - 1 tiles deep (with the page
               read inside the tile loop it keeps one tile in flight whatever num_stages says); tiles
@@ -34,7 +39,7 @@ ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
 _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
-                "page_loop")
+                "page_loop", "split_round")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 _KV8_ONLY = ("early_convert",)
 
@@ -122,6 +127,9 @@ def _check_ints(entry: dict, where: str):
                     raise ValueError(f"{where}: {key} applies to kv8 only")
                 if val not in (0, 1, 2):
                     raise ValueError(f"{where}: kv8.{key} must be 0, 1 or 2, got {val!r}")
+            elif key == "split_round":
+                if val not in ("up", "down"):
+                    raise ValueError(f"{where}: {sub}.split_round must be \"up\" or \"down\", got {val!r}")
             elif key == "page_loop":
                 if val not in (0, 1):
                     raise ValueError(f"{where}: {sub}.page_loop must be 0 or 1, got {val!r}")
@@ -182,9 +190,11 @@ def lds_bytes(block_n: int, head_dim_padded: int, num_stages: int, block_h: int 
     return 2 * (block_n * head_dim_padded * max(num_stages, 1) + block_h * head_dim_padded)
 
 
-def num_splits(batch: int, num_kv_heads: int, num_cus: int, entry: dict) -> int:
+def num_splits(batch: int, num_kv_heads: int, num_cus: int, entry: dict, round_down: bool = False) -> int:
     """Splits per sequence (grid z), from the batch and the device only, never from seq_lens: a
-    CUDA graph captured for one batch size stays valid for every context length."""
+    CUDA graph captured for one batch size stays valid for every context length. round_down: never more
+    than programs_per_cu x num_cus programs (launch key split_round "down")."""
     target = num_cus * entry["programs_per_cu"]
-    per_seq = -(-target // (batch * num_kv_heads))
+    rows = batch * num_kv_heads
+    per_seq = target // rows if round_down else -(-target // rows)
     return max(1, min(per_seq, entry["max_splits"]))
