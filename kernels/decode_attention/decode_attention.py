@@ -510,7 +510,8 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
         block_table.stride(0), out.stride(0), out.stride(1),
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, BLOCK_N=block_n,
-        PAGE_GE_TILE=block_size >= block_n, PAGE_LOOP=page_loop, KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8),
+        PAGE_GE_TILE=block_size >= block_n, PAGE_LOOP=page_loop, KV_QUANT=_KV_QUANT[kv_quant],
+        FP8_SOFTWARE=bool(software_fp8),
         PTX=kv_quant is not None and _use_ptx(q.device), K_PURE=early_convert < 2, V_PURE=early_convert < 1, **launch,
     )  # fmt: skip
     if splits > 1:
