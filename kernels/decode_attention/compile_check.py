@@ -40,11 +40,11 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     page_loop = bool(launch.pop("page_loop", 0)) and block_size >= block_n
     launch.pop("split_round", None)  # the host's split plan, not a compile option
     # The integers as the JIT specializes them at Qwen3.5-27B's shapes: the 8-bit scale views' head stride is 1 (a
-    # constant); pointers and the other strides are multiples of 16 except the scales' token stride (4 heads) and
-    # the split plan's counts. Without these the compiled code (registers above all) is not what runs: the kv8
+    # constant); pointers and the other strides are multiples of 16 except the scales' token stride (4 heads), the
+    # block table's row stride (the longest request's page count) and the split plan's counts. Without these the compiled code (registers above all) is not what runs: the kv8
     # launch compiled to 255 registers and 400+ B of spills here before, and to 146-167 and none with them.
     ones = set() if kv_quant == 0 else {"stride_ksh", "stride_vsh"}
-    no_div = {"stride_kst", "stride_vst", "max_splits", "min_split_tokens", "num_q_heads"}
+    no_div = {"stride_kst", "stride_vst", "stride_btb", "max_splits", "min_split_tokens", "num_q_heads"}
     sig, attrs, c1 = {}, {}, {}
     for i, name in enumerate(_decode_split_kernel.arg_names):
         if name.endswith("_ptr"):
