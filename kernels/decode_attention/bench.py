@@ -318,6 +318,13 @@ def plot(rows, copy_gbps, path):
     save_figure(fig, path, dpi=120)
 
 
+def splits_of(target, config, dtype, batch, num_cus):
+    """Splits per sequence the launcher picks for this dtype and batch under ``config`` (an override)."""
+    entry = launch_params.get_params(target, override=json.dumps(config))
+    round_down = entry["kv16" if dtype == "bf16" else "kv8"].get("split_round") == "down"
+    return launch_params.num_splits(batch, HKV, num_cus, entry, round_down)
+
+
 def markdown(meta, rows):
     out = [f"# Decode attention: {meta['device']}", "", f"Command: `{meta['command']}`", "",
            f"Device copy bandwidth (read + write): {meta['copy_GBps']:.0f} GB/s. Baseline: {meta['baseline']}.",
@@ -424,10 +431,7 @@ def main(argv=None):
             r = dict(dtype=dtype if variant is None else f"{dtype} [{variant}]", batch=batch, ctx=ctx,
                      block_size=c["k"].shape[1], us=round(us, 1),
                      GBps=round(gbps), pct_copy=round(100 * gbps / copy_gbps, 1),
-                     splits=launch_params.num_splits(
-                         batch, HKV, props.multi_processor_count, entry,
-                         launch_params.get_params(target, override=json.dumps(run_config))[
-                             "kv16" if dtype == "bf16" else "kv8"].get("split_round") == "down"))
+                     splits=splits_of(target, run_config, dtype, batch, props.multi_processor_count))
             if dtype == "bf16":
                 ours_bf16[(batch, ctx)] = us
                 if ua is not None:
