@@ -22,6 +22,31 @@ def gpu_target(target: str):
     raise ValueError(f"compile_check: no compile target for {target!r} (use sm90, gfx936, gfx928, rocm)")
 
 
+def jit_signature(fn, ptr_type, *, ones=(), div16=lambda name: True, scalars=None):
+    """(signature, attrs, constexprs) for triton.compiler.ASTSource, as Triton's launcher specializes a real call:
+    every pointer ``<name>_ptr`` has type ``ptr_type(<name>)`` and 16-byte alignment, the integers named in ``ones``
+    are 1 there (the launcher turns them into constants), the other integers are i32 with the divisibility-by-16
+    attribute where ``div16(name)`` says the real call's value has it; ``scalars`` maps non-integer arguments to their
+    type. Arguments named in upper case are constexprs, left for the caller to fill. Without these the compiled code
+    (registers above all) is not what runs."""
+    sig, attrs, consts = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name.endswith("_ptr"):
+            sig[name] = ptr_type(name[:-4])
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name[0].isupper() or name in ones:
+            sig[name] = "constexpr"
+            if name in ones:
+                consts[name] = 1
+        elif scalars and name in scalars:
+            sig[name] = scalars[name]
+        else:
+            sig[name] = "i32"
+            if div16(name):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs, consts
+
+
 def ptxas_usage(ptx: str, arch: int) -> dict:
     """Registers and spill-store bytes per thread from ``ptxas -v`` on ``ptx``, and ``serialized``: None, or the
     reason of ptxas's advisory that it serialized the wgmma pipeline (sm90: C7510-C7519, "Potential Performance

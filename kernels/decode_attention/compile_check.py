@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from ..compile_tools import amdgcn_usage, gpu_target, ptxas_usage
+from ..compile_tools import amdgcn_usage, gpu_target, jit_signature, ptxas_usage
 from . import launch_params
 
 _PTR = {"q": "*bf16", "k": "*u8", "v": "*u8", "ks": "*fp32", "vs": "*fp32", "block_table": "*i32",
@@ -39,31 +39,19 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     early = launch.pop("early_convert", 2)
     page_loop = bool(launch.pop("page_loop", 0)) and block_size >= block_n
     launch.pop("split_round", None)  # the host's split plan, not a compile option
-    # The integers as the JIT specializes them at Qwen3.5-27B's shapes: the 8-bit scale views' head stride is 1 (a
-    # constant); pointers and the other strides are multiples of 16 except the scales' token stride (4 heads), the
-    # block table's row stride (the longest request's page count) and the split plan's counts. Without these the compiled code (registers above all) is not what runs: the kv8
-    # launch compiled to 255 registers and 400+ B of spills here before, and to 146-167 and none with them.
-    ones = set() if kv_quant == 0 else {"stride_ksh", "stride_vsh"}
+    # as the JIT specializes them at Qwen3.5-27B's shapes (compile_tools.jit_signature): the 8-bit scale views' head
+    # stride is 1; the other integers are multiples of 16 except the scales' token stride (4 heads), the block
+    # table's row stride (the longest request's page count) and the split plan's counts. Without these, the kv8
+    # launch compiled to 255 registers and 400+ B of spills here; with them, to 146-167 and none.
     no_div = {"stride_kst", "stride_vst", "stride_btb", "max_splits", "min_split_tokens", "num_q_heads"}
-    sig, attrs, c1 = {}, {}, {}
-    for i, name in enumerate(_decode_split_kernel.arg_names):
-        if name.endswith("_ptr"):
-            t = _PTR[name[:-4]]
-            sig[name] = "*bf16" if kv_quant == 0 and name[:-4] in ("k", "v") else t
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name == "scale_log2":
-            sig[name] = "fp32"
-        elif name[0].isupper() or name in ones:
-            sig[name] = "constexpr"
-            if name in ones:
-                c1[name] = 1
-        else:
-            sig[name] = "i32"
-            if name not in no_div:
-                attrs[(i,)] = [["tt.divisibility", 16]]
+    sig, attrs, unit_strides = jit_signature(
+        _decode_split_kernel,
+        lambda base: "*bf16" if kv_quant == 0 and base in ("k", "v") else _PTR[base],
+        ones=() if kv_quant == 0 else ("stride_ksh", "stride_vsh"),
+        div16=lambda name: name not in no_div, scalars={"scale_log2": "fp32"})
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_H=_BLOCK_H,
                   BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n, KV_QUANT=kv_quant, FP8_SOFTWARE=software,
-                  PTX=ptx, K_PURE=early < 2, V_PURE=early < 1, PAGE_LOOP=page_loop, **c1)
+                  PTX=ptx, K_PURE=early < 2, V_PURE=early < 1, PAGE_LOOP=page_loop, **unit_strides)
     kernel = triton.compile(ASTSource(_decode_split_kernel, sig, constexprs=consts, attrs=attrs),
                             target=gpu_target(target), options=launch)
     report = dict(shared=kernel.metadata.shared)

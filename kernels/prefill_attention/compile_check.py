@@ -19,7 +19,7 @@ import json
 
 import triton
 
-from ..compile_tools import amdgcn_usage, gpu_target, ptxas_usage
+from ..compile_tools import amdgcn_usage, gpu_target, jit_signature, ptxas_usage
 from . import launch_params
 from .prefill_attention import MIRROR_PAGE, _prefill_kernel
 
@@ -32,23 +32,15 @@ _DIV16 = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stri
 
 
 def _signature(kv8: bool, mirror: bool = False):
-    sig, attrs = {}, {}
-    for i, name in enumerate(_prefill_kernel.arg_names):
-        if name.endswith("_ptr"):
-            base = name[:-4]
-            # the mirror's K codes are in q's dtype (bf16 here), its V in bf16; an 8-bit cache holds uint8 codes
-            sig[name] = "*u8" if kv8 and not mirror and base in ("k", "v") else _PTR[base]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name == "s_mult_base":
-            sig[name] = "fp32"
-        elif name[0].isupper() or (kv8 and name in ("stride_ksh", "stride_vsh")):  # the JIT specializes a 1
-            sig[name] = "constexpr"
-        else:
-            sig[name] = "i32"
-            # the mirror's scales: [pages, MIRROR_PAGE, 4] (page stride 1024)
-            if name in _DIV16 or (mirror and name in ("stride_ksb", "stride_vsb")):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    return sig, attrs
+    """(signature, attrs, constexprs) of the launch (compile_tools.jit_signature): the mirror's K codes are in q's
+    dtype (bf16 here), its V in bf16, an 8-bit cache holds uint8 codes; the 8-bit scale views' head stride is 1; the
+    mirror's scales are [pages, MIRROR_PAGE, 4] (page stride 1024)."""
+    return jit_signature(
+        _prefill_kernel,
+        lambda base: "*u8" if kv8 and not mirror and base in ("k", "v") else _PTR[base],
+        ones=("stride_ksh", "stride_vsh") if kv8 else (),
+        div16=lambda name: name in _DIV16 or (mirror and name in ("stride_ksb", "stride_vsb")),
+        scalars={"s_mult_base": "fp32"})
 
 
 def _q_operand(ttgir: str) -> str | None:
@@ -65,15 +57,13 @@ def compile_one(target: str, cfg: dict, kv8: bool, group=6, head_dim=256, block_
     ignored)."""
     cfg = dict(cfg)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    sig, attrs = _signature(kv8, mirror)
+    sig, attrs, unit_strides = _signature(kv8, mirror)
     if mirror:
         block_size = MIRROR_PAGE
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m,
                   BLOCK_Q=block_m // group, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
                   KV_QUANT=2 if kv8 else 0, FP8_SOFTWARE=False, PTX=kv8 and target.startswith("sm"),
-                  SEQ_FILTER=1 if mirror else 0, MIRROR=bool(mirror))
-    if kv8:
-        consts.update(stride_ksh=1, stride_vsh=1)
+                  SEQ_FILTER=1 if mirror else 0, MIRROR=bool(mirror), **unit_strides)
     gt = gpu_target(target)
     k = triton.compile(triton.compiler.ASTSource(fn=_prefill_kernel, signature=sig, constexprs=consts, attrs=attrs),
                        target=gt, options=cfg)
