@@ -74,7 +74,15 @@ PARAMS = {
         # kv16 BLOCK_N 32: the first H200 sweep's pick; the second sweep's 64 was within 1% on its geomean
         # but 15% slower at batch 64 (bench/results/2026-11-30-nvidia-h200-decode-attention*.md, 2 splits in both)
         "kv16": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-        "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "early_convert": 1},
+        # kv8: pages in an outer loop, so the pipeliner keeps 2 tiles in flight (with the block-table read in the
+        # tile loop it kept one whatever num_stages said); at 3 stages its shared memory leaves 2 programs per SM,
+        # so the split count rounds down (a round-up put 320 programs where 264 fit at batch 16). Against the
+        # previous entry (BLOCK_N 64, 2 stages, no page loop) in one call: 0.85x its time (geomean over batch
+        # 1/4/16/64 x 4-32K, int8 / fp8 hw / fp8 sw 0.847 / 0.845 / 0.859x; 0.72-0.79x at batch 64, 0.96-0.97x at
+        # batch 1, where 4K is 1.05-1.07x bf16's time: one tile per split), 0.87x the kernel before issue #15
+        # (bench/results/2026-12-02-nvidia-h200-decode-attention-split-round.md)
+        "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
+                "split_round": "down"},
     },
     "gfx936": dict(_DCU),
     "gfx928": dict(_DCU),
