@@ -94,6 +94,42 @@ def test_smoke_variants_times_every_variant_against_the_table_and_the_platform(t
     assert "| best |" in capsys.readouterr().out
 
 
+def test_smoke_variants_with_tries_time_the_named_options_per_row_bucket(tmp_path, monkeypatch):
+    for name in ("SHAPES", "ROWS", "DEV", "SMOKE"):
+        monkeypatch.setattr(bench, name, getattr(bench, name))
+    base = bench.main(["--smoke", "--variants", "--rows", "1,4", "--shapes", "6x96", "--out", str(tmp_path),
+                       "--try", 'n2={"DOT":0,"BLOCK_N":2,"BLOCK_K":32}',
+                       "--try", 'only4={"4":{"DOT":1,"BLOCK_N":16,"BLOCK_K":32}}'])
+    with open(base + ".json") as f:
+        doc = json.load(f)
+    sides = {(r["op"], r["rows"], r["side"]): r for r in doc["rows"]}
+    # the fused shape is left out by --shapes; "only4" runs at 4 rows only; options merge over the table's
+    assert set(sides) == {("small-n", 1, s) for s in ("platform", "table", "n2")} | \
+        {("small-n", 4, s) for s in ("platform", "table", "n2", "only4")}
+    table4 = launch_params.config_for("interpreter", 6, 96, 4)
+    assert sides[("small-n", 4, "only4")]["config"] == {**table4, "DOT": 1, "BLOCK_N": 16, "BLOCK_K": 32}
+    assert sides[("small-n", 1, "n2")]["config"]["BLOCK_N"] == 2
+    assert all(r["err"] < 1e-2 for r in doc["rows"])
+    assert doc["meta"]["variant_rows"] == [1, 4] and doc["meta"]["variant_K_STAGES"] == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--try", 'a={"BLOCK_N":2}'], "--try, --rows and --shapes go with --variants"),
+    (["--variants", "--try", "a=[1]"], "--try a: JSON must be a non-empty object"),
+    (["--variants", "--try", "table={}"], "--try needs LABEL=JSON with a label other than table / platform"),
+    (["--variants", "--try", "a={"], "--try a: not JSON"),
+    (["--variants", "--rows", "3"], "--rows must be taken from"),
+    (["--variants", "--shapes", "1x2"], "--shapes: unknown ['1x2']"),
+    (["--smoke", "--variants", "--try", 'a={"BLOCK_N":3}'], "--try a (rows 1): BLOCK_N must be a power of two"),
+])
+def test_bad_variant_arguments_exit_with_one_error_line(argv, message, monkeypatch):
+    for name in ("SHAPES", "ROWS", "DEV", "SMOKE"):
+        monkeypatch.setattr(bench, name, getattr(bench, name))
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert message in str(e.value)
+
+
 def test_variant_grid_is_the_table_entry_with_the_k_loop_plain_or_pipelined():
     plain = {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 1, "SPLIT_K": 16}
     grid = bench.variant_grid(plain)

@@ -23,6 +23,10 @@ K_STAGES 2 / 3 / 4 deep (variant_grid) and the platform GEMM, all sides of a sha
 interleaved call; prints one line per side with % of copy bandwidth, time / platform and time / table
 time, and the best side per shape. About 15 Triton compiles and well under 2 minutes on one H200;
 writes <date>-<gpu>-gemv-variants.{json,md}.
+--variants --try LABEL=JSON (repeatable) times named launch options instead of the K_STAGES grid: JSON is
+merged over the table's entry of each row bucket, either one object for every bucket
+('f8k3={"DOT":0,"BLOCK_N":8,"BLOCK_K":512,"K_STAGES":3}') or one per bucket ('{"2":{...},"4":{...}}', buckets
+left out are not tried); --rows 1,2,4,8 and --shapes 5120x6144,... (N x K) choose the cases.
 """
 import argparse
 import datetime
@@ -137,34 +141,75 @@ def reference(op, rows):
     return ref
 
 
-def run_variants(ops, target, copy_gbps):
-    """--variants: rows of the report, one per (shape, side), at VARIANT_ROWS rows."""
+def parse_tries(items: list) -> dict:
+    """--try LABEL=JSON items -> {label: {bucket: options}} (one object for every bucket, or one per bucket)."""
+    out = {}
+    for item in items:
+        label, sep, text = item.partition("=")
+        if not sep or not label.strip() or label.strip() in ("table", "platform"):
+            raise ValueError(f"--try needs LABEL=JSON with a label other than table / platform, got {item!r}")
+        try:
+            val = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--try {label}: not JSON: {e}") from None
+        if not isinstance(val, dict) or not val:
+            raise ValueError(f"--try {label}: JSON must be a non-empty object of launch options")
+        buckets = [str(b) for b in launch_params.ROW_BUCKETS]
+        if set(val) <= set(buckets):
+            per = {int(b): cfg for b, cfg in val.items()}
+        else:
+            per = {b: val for b in launch_params.ROW_BUCKETS}
+        for b, cfg in per.items():
+            if not isinstance(cfg, dict):
+                raise ValueError(f"--try {label}: bucket {b} must be an object of launch options")
+        out[label.strip()] = per
+    return out
+
+
+def variant_sides(table: dict, rows: int, tries: dict) -> dict:
+    """Named configurations timed against the table entry: --try's (merged over the table) or the K_STAGES grid."""
+    if not tries:
+        return variant_grid(table)
+    sides = {}
+    for label, per in tries.items():
+        bucket = launch_params.row_bucket(rows)
+        if bucket in per:
+            cfg = launch_params.check_config({**table, **per[bucket]}, f"--try {label} (rows {rows})")
+            if cfg != table:
+                sides[label] = cfg
+    return sides
+
+
+def run_variants(ops, target, copy_gbps, rows_list=(VARIANT_ROWS,), tries=None):
+    """--variants: rows of the report, one per (shape, rows, side)."""
     out = []
-    rows = VARIANT_ROWS
     for op in ops:
-        table = launch_params.config_for(target, op.n, op.k, rows, op.silu)
-        sides = {"table": table, **variant_grid(table)}
-        calls = {"platform": op.platform(rows)}
-        calls.update({name: op.triton(rows, cfg) for name, cfg in sides.items()})
-        t = timed(calls, op.copies)
-        ref = reference(op, rows)
-        gb = op.bytes(rows) / 1e9
-        best = min(sides, key=lambda name: t[name])
-        for name, fn in calls.items():
-            pct = 100 * gb / (t[name] * 1e-6) / copy_gbps
-            out.append({"op": op.name, "n": op.n, "k": op.k, "silu_mul": op.silu, "rows": rows, "side": name,
-                        "config": sides.get(name), "us": round(t[name], 2), "pct": pct,
-                        "ratio": t[name] / t["platform"], "vs_table": t[name] / t["table"],
-                        "err": rel_error(fn(0), ref), "best": name == best})
-        del ref
-        log(f"{op.name} rows {rows}: platform {t['platform']:.1f} us, table {t['table']:.1f} us, best {best} "
-            f"{t[best]:.1f} us")
+        for rows in rows_list:
+            table = launch_params.config_for(target, op.n, op.k, rows, op.silu)
+            sides = {"table": table, **variant_sides(table, rows, tries or {})}
+            calls = {"platform": op.platform(rows)}
+            calls.update({name: op.triton(rows, cfg) for name, cfg in sides.items()})
+            t = timed(calls, op.copies)
+            ref = reference(op, rows)
+            gb = op.bytes(rows) / 1e9
+            best = min(sides, key=lambda name: t[name])
+            for name, fn in calls.items():
+                pct = 100 * gb / (t[name] * 1e-6) / copy_gbps
+                out.append({"op": op.name, "n": op.n, "k": op.k, "silu_mul": op.silu, "rows": rows, "side": name,
+                            "config": sides.get(name), "us": round(t[name], 2), "pct": pct,
+                            "ratio": t[name] / t["platform"], "vs_table": t[name] / t["table"],
+                            "err": rel_error(fn(0), ref), "best": name == best})
+            del ref
+            log(f"{op.name} rows {rows}: platform {t['platform']:.1f} us, table {t['table']:.1f} us, best {best} "
+                f"{t[best]:.1f} us")
         op.free()
     return out
 
 
 def variants_markdown(meta, rows):
-    out = [f"# Decode GEMV, K loop pipelining (K_STAGES) at one row: {meta['device']}", "",
+    what = ("named launch options (--try)" if meta.get("tries") else "K loop pipelining (K_STAGES)")
+    rows_txt = ", ".join(map(str, meta.get("variant_rows", [VARIANT_ROWS])))
+    out = [f"# Decode GEMV, {what} at {rows_txt} row(s): {meta['device']}", "",
            f"Command: `{meta['command']}`", "",
            (f"Device copy bandwidth (read + write, timed eagerly): {meta['copy_GBps']:.0f} GB/s. Platform: F.linear "
             f"({meta['platform']}; for the fused row, then a separate SiLU-and-mul kernel). bf16, no bias. us per "
@@ -172,7 +217,8 @@ def variants_markdown(meta, rows):
             "through copies larger than the L2 cache."),
            ("% copy = (W + x + out) bytes / time / copy bandwidth; /platform = time / platform time, /table = time / "
             "table time (< 1: faster); err = ||y - y64|| / ||y64||; table = launch_params' entry for the shape; "
-            "plain / kS = the same tiles with the K loop plain / pipelined K_STAGES S deep; * = fastest GEMV side."),
+            "plain / kS = the same tiles with the K loop plain / pipelined K_STAGES S deep; other sides: --try "
+            "options merged over the table's (config column); * = fastest GEMV side."),
            "",
            "| GEMM | N x K | rows | side | us | % copy | /platform | /table | err | config |",
            "|---|---|---|---|---|---|---|---|---|---|"]
@@ -378,12 +424,29 @@ def main(argv=None):
     ap.add_argument("--variants", action="store_true",
                     help="instead of the sweep and table: every shape at one row, table entry vs K_STAGES 2/3/4 vs "
                          "platform")
+    ap.add_argument("--try", dest="tries", action="append", default=[], metavar="LABEL=JSON",
+                    help="with --variants: time these launch options (merged over the table's) instead of K_STAGES")
+    ap.add_argument("--rows", default=None, help=f"with --variants: comma-separated row counts (default {VARIANT_ROWS})")
+    ap.add_argument("--shapes", default=None, help="with --variants: comma-separated NxK shapes (default: all)")
     args = ap.parse_args(argv)
     if args.smoke:
         if os.environ.get("TRITON_INTERPRET") != "1":
             sys.exit("error: --smoke needs TRITON_INTERPRET=1 in the environment (set before Triton is imported)")
         smoke_setup()
-    elif not torch.cuda.is_available():
+    if (args.tries or args.rows or args.shapes) and not args.variants:
+        sys.exit("error: --try, --rows and --shapes go with --variants")
+    try:
+        tries = parse_tries(args.tries)
+        rows_list = tuple(int(r) for r in args.rows.split(",")) if args.rows else (VARIANT_ROWS,)
+        if any(r not in ROWS for r in rows_list):
+            raise ValueError(f"--rows must be taken from {list(ROWS)}, got {args.rows!r}")
+        known = {f"{n}x{k}" for _, n, k, _ in SHAPES}
+        shapes = set(args.shapes.split(",")) if args.shapes else None
+        if shapes and shapes - known:
+            raise ValueError(f"--shapes: unknown {sorted(shapes - known)}; known: {sorted(known)}")
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    if not args.smoke and not torch.cuda.is_available():
         sys.exit("error: the bench needs a CUDA/HIP GPU (torch.cuda.is_available() is False); "
                  "--smoke runs it on the CPU")
     import triton
@@ -392,6 +455,12 @@ def main(argv=None):
     target = launch_params.current_target(torch.device(DEV) if DEV == "cuda" else None)
     base = launch_params.get_params(target)  # a bad VLLM_DCU_GEMV_PARAMS fails here, once
     rocm = bool(torch.version.hip) or target.startswith("gfx")
+    try:  # every --try merged over the table's entries, checked before any GPU time is spent
+        for _, n, k, silu in SHAPES:
+            for rows in rows_list:
+                variant_sides(launch_params.config_for(target, n, k, rows, silu), rows, tries)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     if SMOKE:
         name, l2, platform = "cpu-smoke", 1 << 20, "torch CPU"
     else:
@@ -407,13 +476,17 @@ def main(argv=None):
     command = command.replace(f" --out {args.out}", "")
     stamp = datetime.date.today().isoformat()
     dev = name.replace(" ", "-").lower()
-    ops = [Op(op_name, n, k, silu, l2) for op_name, n, k, silu in SHAPES]
+    if args.variants and shapes:
+        ops = [Op(op_name, n, k, silu, l2) for op_name, n, k, silu in SHAPES if f"{n}x{k}" in shapes]
+    else:
+        ops = [Op(op_name, n, k, silu, l2) for op_name, n, k, silu in SHAPES]
     if args.variants:
-        rows_out = run_variants(ops, target, copy_gbps)
+        rows_out = run_variants(ops, target, copy_gbps, rows_list, tries)
         meta = {"device": name, "target": target, "copy_GBps": copy_gbps, "platform": platform,
                 "torch": torch.__version__, "triton": triton.__version__, "command": command,
-                "seconds": round(time.time() - t_start),
-                "variant_rows": VARIANT_ROWS, "variant_K_STAGES": list(VARIANT_STAGES)}
+                "seconds": round(time.time() - t_start), "variant_rows": list(rows_list),
+                "variant_K_STAGES": [] if tries else list(VARIANT_STAGES),
+                "tries": {label: {str(b): c for b, c in per.items()} for label, per in tries.items()}}
         md = variants_markdown(meta, rows_out)
         base_path = os.path.join(args.out, f"{stamp}-{dev}-gemv-variants" + (f"-{args.tag}" if args.tag else ""))
         write_text(base_path + ".json", json.dumps({"meta": meta, "rows": rows_out}, indent=1))
