@@ -178,9 +178,20 @@ def test_sm90_table_pipelines_the_k_loop_only_where_measured():
     for k in (6144, 17408):
         cfg = launch_params.config_for("sm90", 5120, k, 1)
         assert cfg == {**launch_params.config_for("sm90", 4096, k, 1), "K_STAGES": 3}
-        assert all("K_STAGES" not in launch_params.config_for("sm90", 5120, k, r) for r in (2, 4, 8))
+        assert all("K_STAGES" not in launch_params.config_for("sm90", 5120, k, r) for r in (4, 8))
     assert "K_STAGES" not in launch_params.config_for("sm90", 16384, 5120, 1)
     assert "K_STAGES" not in launch_params.config_for("sm90", 5120, 6144, 1, silu_mul=True)
+    # two rows (bench --variants --rows, ninth session): the FMA path, pipelined, for four shapes; the dot path elsewhere
+    fma2 = {"DOT": 0, "BLOCK_N": 8, "num_warps": 4, "num_stages": 1}
+    for n, k, silu, block_k, stages in ((5120, 6144, False, 256, 4), (5120, 17408, False, 256, 4),
+                                        (34816, 5120, False, 512, 3), (34816, 5120, True, 256, 4)):
+        assert launch_params.config_for("sm90", n, k, 2, silu_mul=silu) == {**fma2, "BLOCK_K": block_k, "K_STAGES": stages}
+        # 3-4 rows keep the dot path
+        assert launch_params.config_for("sm90", n, k, 3, silu_mul=silu)["DOT"] == 1
+    for n, k in ((16384, 5120), (14336, 5120), (248320, 5120)):
+        assert launch_params.config_for("sm90", n, k, 2)["DOT"] == 1
+    # every entry passes the table's own checks (FMA accumulator registers per lane included)
+    launch_params.get_params("sm90", override="")
 
 
 def test_strided_and_3d_inputs_are_handled():
@@ -280,7 +291,9 @@ def test_shape_override_merges_over_the_bucket():
     # merged over the table's own entry for the shape (K_STAGES 3), not in place of it
     sm90 = launch_params.PARAMS["sm90"]
     assert cfg == {**sm90["rows"]["1"], **sm90["shapes"]["5120x6144"]["1"], "SPLIT_K": 2}
-    assert launch_params.config_for("sm90", 5120, 6144, 2, entry=e) == launch_params.PARAMS["sm90"]["rows"]["2"]
+    # other buckets of the shape keep the table's entry (rows 2: its own override; rows 4: the bucket's)
+    assert launch_params.config_for("sm90", 5120, 6144, 2, entry=e) == {**sm90["rows"]["2"], **sm90["shapes"]["5120x6144"]["2"]}
+    assert launch_params.config_for("sm90", 5120, 6144, 4, entry=e) == sm90["rows"]["4"]
     assert launch_params.config_for("sm90", 34816, 5120, 7, silu_mul=True, entry=e)["BLOCK_K"] == 128
     assert "SPLIT_K" not in launch_params.config_for("sm90", 5120, 6144, 1, silu_mul=True, entry=e)
 

@@ -73,6 +73,7 @@ def shape_name(n: int, k: int, silu_mul: bool = False) -> str:
 #   stage): 48 registers, 32 KiB shared memory (48 KiB fused).
 # H200: the sweep of kernels/gemv/bench.py on 2026-12-02 (bench/results/2026-12-02-nvidia-h200-gemv.md), every
 # Qwen3.5-27B decode shape at 1/2/4/8 rows under CUDA graphs; per-shape entries where a shape's best differed.
+_FMA_2ROWS_K4 = {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 256, "num_stages": 1, "K_STAGES": 4}
 _SM90 = {
     "measured": True,
     "programs_per_cu": 2,
@@ -100,9 +101,18 @@ _SM90 = {
         # No gain at 16384x5120 (43.2 vs 42.4 us) or 14336x5120 (37.1 vs 37.0); 2-8 rows (DOT 32x128,
         # K_STAGES 6) 1.22-1.35x cuBLAS's time against the table's 1.02-1.07x. The plain sweep does not try
         # K_STAGES (--variants does): keep these two entries when pasting a sweep's suggested shapes.
-        "5120x6144": {"1": {"K_STAGES": 3}},
-        "5120x17408": {"1": {"K_STAGES": 3}},
-        "34816x5120": {"2": {"BLOCK_K": 128, "BLOCK_N": 64, "num_stages": 4}, "4": {"BLOCK_N": 64}, "8": {"BLOCK_N": 64}},
+        # 2 rows: the FMA path with a pipelined K loop beat the dot path (x padded to 16 rows; at N = 5120 its 160
+        # tiles also split K in two, a second kernel) for four shapes, each side interleaved with cuBLAS in one call
+        # (python -m kernels.gemv.bench --variants --rows 1,2,4,8 --try ..., ninth session,
+        # bench/results/2026-12-02-nvidia-h200-gemv-variants-tries.md): 5120x6144 19.1 vs 20.7 us (cuBLAS 19.4),
+        # 5120x17408 44.2 vs 47.3 (49.9), 34816x5120 86.1 vs 90.2 (87.9), fused gate_up 88.1 vs 90.8 (88.1). Not at
+        # 4-8 rows (its [rows, BLOCK_N, BLOCK_K] accumulator: 1.1-2.5x the dot path's time), nor for 16384x5120
+        # (45.4 vs 42.7) or 14336x5120 (within 1.5%).
+        "5120x6144": {"1": {"K_STAGES": 3}, "2": _FMA_2ROWS_K4},
+        "5120x17408": {"1": {"K_STAGES": 3}, "2": _FMA_2ROWS_K4},
+        "34816x5120": {"2": {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 512, "num_stages": 1, "K_STAGES": 3},
+                       "4": {"BLOCK_N": 64}, "8": {"BLOCK_N": 64}},
+        "34816x5120+silu": {"2": _FMA_2ROWS_K4},
     },
 }
 
