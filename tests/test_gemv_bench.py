@@ -119,6 +119,7 @@ def test_smoke_variants_with_tries_time_the_named_options_per_row_bucket(tmp_pat
     (["--variants", "--try", "table={}"], "--try needs LABEL=JSON with a label other than table / platform"),
     (["--variants", "--try", "a={"], "--try a: not JSON"),
     (["--variants", "--rows", "3"], "--rows must be taken from"),
+    (["--variants", "--rows", "1,,2"], "--rows must be taken from"),
     (["--variants", "--shapes", "1x2"], "--shapes: unknown ['1x2']"),
     (["--smoke", "--variants", "--try", 'a={"BLOCK_N":3}'], "--try a (rows 1): BLOCK_N must be a power of two"),
 ])

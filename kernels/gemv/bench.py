@@ -171,8 +171,8 @@ def variant_sides(table: dict, rows: int, tries: dict) -> dict:
     if not tries:
         return variant_grid(table)
     sides = {}
+    bucket = launch_params.row_bucket(rows)
     for label, per in tries.items():
-        bucket = launch_params.row_bucket(rows)
         if bucket in per:
             cfg = launch_params.check_config({**table, **per[bucket]}, f"--try {label} (rows {rows})")
             if cfg != table:
@@ -437,9 +437,10 @@ def main(argv=None):
         sys.exit("error: --try, --rows and --shapes go with --variants")
     try:
         tries = parse_tries(args.tries)
-        rows_list = tuple(int(r) for r in args.rows.split(",")) if args.rows else (VARIANT_ROWS,)
-        if any(r not in ROWS for r in rows_list):
+        rows_list = tuple(args.rows.split(",")) if args.rows else (str(VARIANT_ROWS),)
+        if any(r not in {str(n) for n in ROWS} for r in rows_list):
             raise ValueError(f"--rows must be taken from {list(ROWS)}, got {args.rows!r}")
+        rows_list = tuple(int(r) for r in rows_list)
         known = {f"{n}x{k}" for _, n, k, _ in SHAPES}
         shapes = set(args.shapes.split(",")) if args.shapes else None
         if shapes and shapes - known:
