@@ -475,6 +475,39 @@ def test_bench_dry_run_writes_json_markdown_and_png(tmp_path, monkeypatch):
     assert "| int8_pth | 2 | 100 |" in next(tmp_path.glob("*.md")).read_text()
 
 
+def test_bench_summary_gives_geomeans_against_bf16_the_table_and_an_earlier_run():
+    from kernels.decode_attention import bench
+
+    def rows(kind, times):
+        return [dict(dtype=kind, batch=b, ctx=c, us=t) for (b, c), t in times.items()]
+
+    cells = [(1, 4096), (1, 8192), (4, 4096), (4, 8192)]
+    now = rows("bf16", dict.fromkeys(cells, 10.0)) + rows("int8_pth", dict(zip(cells, [8.0, 8.0, 5.0, 20.0]))) \
+        + rows("int8_pth [E]", dict(zip(cells, [4.0, 4.0, 5.0, 20.0]))) \
+        + [dict(dtype="baseline_bf16", batch=1, ctx=4096, us=99.0)]
+    before = rows("int8_pth", dict.fromkeys(cells, 10.0))
+    lines = bench.summary_markdown(now, before).splitlines()
+    assert lines[0] == "| rows | x bf16, batch 1 | x bf16, batch 4 | x table | x compared |"
+    table = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines[2:]}
+    assert table["bf16"] == ["1", "1", "-", "- |"]
+    # batch 4: geomean(0.5, 2.0) = 1; x compared: geomean(0.8, 0.8, 0.5, 2.0) = 0.64 ** 0.25
+    assert table["int8_pth"] == ["0.800", "1.000", "-", "0.894 |"]
+    # the variant against the table's rows: geomean(0.5, 0.5, 1, 1) = 0.707; against the earlier int8_pth rows
+    assert table["int8_pth [E]"] == ["0.400", "1.000", "0.707", "0.632 |"]
+    assert "baseline_bf16" not in table
+
+
+def test_bench_compare_rejects_a_file_that_is_not_a_bench_json(tmp_path):
+    from kernels.decode_attention import bench
+
+    bad = tmp_path / "x.json"
+    bad.write_text('{"rows": [{"dtype": "bf16"}]}')
+    with pytest.raises(SystemExit, match="not a decode bench JSON"):
+        bench.main(["--quick", "--compare", str(bad)])
+    with pytest.raises(SystemExit, match="not a decode bench JSON"):
+        bench.main(["--quick", "--compare", str(tmp_path / "missing.json")])
+
+
 # --- the compiled kernel (not the interpreter) ---------------------------------------------------------------
 
 @pytest.mark.slow

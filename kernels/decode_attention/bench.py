@@ -13,6 +13,9 @@ First a sweep over launch parameters (BLOCK_N, num_warps, num_stages) and the sp
 it and the script prints the launch_params entry to paste. --quick skips the sweep and uses the
 table (or VLLM_DCU_DECODE_PARAMS). --kv8 LABEL=JSON (repeatable, with --quick) times the 8-bit rows once per kv8
 launch entry given, in the same process as the bf16 rows, e.g. --kv8 'n64s3={"BLOCK_N":64,"num_stages":3}'.
+A summary under the table gives, per row kind, the geometric mean of time / bf16's time per batch and of time /
+the table entry's time (--kv8 rows); --compare JSON adds time / an earlier run's time per dtype (e.g. the kernel
+before a change, `git archive REV kernels` run first in the same call).
 
 Baseline: the file named by VLLM_DCU_BASELINE_UA (0.18.1's triton_unified_attention.py, loaded
 with stand-ins for its four vllm imports), else ``unified_attention`` of the installed vllm (make
@@ -349,6 +352,35 @@ def markdown(meta, rows):
     return "\n".join(out) + "\n"
 
 
+def summary_markdown(rows, compare_rows=None, compare_label="compared"):
+    """One line per row kind (dtype, or "dtype [variant]"): geomean over the contexts of time / bf16's time per
+    batch, of time / the same dtype's table rows (variants), and of time / an earlier run's rows of the same dtype
+    (``compare_rows``, e.g. the kernel before a change benchmarked in the same call)."""
+    times = {}
+    for r in rows:
+        if r["dtype"] != "baseline_bf16":
+            times.setdefault(r["dtype"], {})[(r["batch"], r["ctx"])] = r["us"]
+    earlier = {}
+    for r in compare_rows or []:
+        earlier.setdefault(r["dtype"], {})[(r["batch"], r["ctx"])] = r["us"]
+    batches = sorted({b for t in times.values() for b, _ in t})
+
+    def ratio(mine, other, keys):
+        keys = [k for k in keys if k in other]
+        return f"{geomean([mine[k] / other[k] for k in keys]):.3f}" if keys else "-"
+
+    head = ["rows", *(f"x bf16, batch {b}" for b in batches), "x table", f"x {compare_label}"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for kind, mine in times.items():
+        dtype = kind.split(" [")[0]
+        cells = [ratio(mine, times.get("bf16", {}), [k for k in mine if k[0] == b]) if kind != "bf16" else "1"
+                 for b in batches]
+        cells.append(ratio(mine, times[dtype], list(mine)) if kind != dtype and dtype in times else "-")
+        cells.append(ratio(mine, earlier[dtype], list(mine)) if dtype in earlier else "-")
+        out.append(f"| {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="skip the parameter sweep")
@@ -360,7 +392,19 @@ def main(argv=None):
                     help="with --quick: time the 8-bit rows with this kv8 entry too (repeatable)")
     ap.add_argument("--batches", help="with --quick: comma-separated batch sizes instead of 1,4,16,64")
     ap.add_argument("--ctxs", help="with --quick: comma-separated context lengths instead of 4096,...,32768")
+    ap.add_argument("--compare", metavar="JSON", help="an earlier run's JSON (e.g. the kernel before a change, run "
+                    "in the same call): the summary gives this run's time over its time per dtype")
     args = ap.parse_args(argv)
+    compare_rows = None
+    if args.compare:
+        try:
+            with open(args.compare) as f:
+                compare_rows = json.load(f)["rows"]
+            if not isinstance(compare_rows, list) or not all({"dtype", "batch", "ctx", "us"} <= set(r)
+                                                              for r in compare_rows):
+                raise ValueError("rows without dtype / batch / ctx / us")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"error: --compare {args.compare}: not a decode bench JSON ({e})")
     shape_filter = {}
     for name, text in (("batches", args.batches), ("ctxs", args.ctxs)):
         if text is None:
@@ -467,8 +511,14 @@ def main(argv=None):
                 "".join(f" --{k} {','.join(map(str, v))}" for k, v in shape_filter.items()),
                 seconds=round(time.time() - t_start),
                 suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))
+    if args.compare:
+        meta["command"] += f" --compare {args.compare}"
+        meta["compared_with"] = args.compare
     write_text(base + ".json", json.dumps(dict(meta=meta, rows=rows, sweep=sweep_rows), indent=1))
     md = markdown(meta, rows)
+    md += ("\nSummary (geometric means over the contexts; x table: a --kv8 entry's rows over the same dtype's "
+           "rows with the table's entry" + (f"; x compared: over {args.compare}" if args.compare else "") + "):\n\n"
+           + summary_markdown(rows, compare_rows))
     if not args.quick:
         md += f"\nSuggested `launch_params.PARAMS[{target!r}]` (from the sweep):\n\n```\n" \
               f"{json.dumps(meta['suggested_launch_params_entry'])}\n```\n"
