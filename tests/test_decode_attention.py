@@ -187,6 +187,46 @@ def test_8bit_values_across_the_range(kv_quant, software, v_mag, k_mag):
     assert_rel_close(run(case, num_splits=3, software_fp8=software), reference(case))
 
 
+# --- int8 caches with int8 x int8 QK (launch key int8_qk) ---------------------------------------------------------
+# q becomes a per-row int8 pair (q = sq (hi + lo / 256)), K's raw codes go to an int8 dot: the same bounds as the
+# fp16 path against the float64 reference on the dequantized cache.
+
+@pytest.mark.parametrize("page_loop", [0, 1])
+def test_int8_qk_matches_the_reference_for_ragged_lengths(params, page_loop):
+    params(kv8={"int8_qk": 1, "page_loop": page_loop, "BLOCK_N": 16})
+    case = make_case([3, 70, 45], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="int8", seed=5)
+    assert_close(run(case, num_splits=2), reference(case), torch.bfloat16)
+
+
+@pytest.mark.parametrize("k_mag", [2.0, 6e4])
+@pytest.mark.parametrize("v_mag", [1e-6, 1e5])
+def test_int8_qk_across_the_value_range(params, v_mag, k_mag):
+    params(kv8={"int8_qk": 1})
+    case = make_case([70, 45], block_size=16, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="int8", k_mag=k_mag,
+                     v_mag=v_mag, seed=12)
+    assert_rel_close(run(case, num_splits=3), reference(case))
+
+
+@pytest.mark.parametrize("q_scale", [3e4, 1e-4])
+def test_int8_qk_takes_queries_of_any_scale(params, q_scale):
+    params(kv8={"int8_qk": 1})
+    case = make_case([50, 9], block_size=16, hkv=1, dtype=torch.bfloat16, kv_quant="int8")
+    case["q"] = (case["q"].float() * q_scale).to(torch.bfloat16)
+    case["scale"] = case["scale"] / q_scale
+    assert_close(run(case, num_splits=2), reference(case), torch.bfloat16)
+
+
+def test_int8_qk_with_zero_query_rows_and_fp8_caches_ignoring_it(params):
+    case = make_case([40, 17], block_size=16, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="int8", seed=3)
+    case["q"][0, :6] = 0  # a kv head whose q rows are all zero: uniform attention, no division by zero
+    params(kv8={"int8_qk": 1})
+    assert_close(run(case, num_splits=2), reference(case), torch.bfloat16)
+    fp8 = make_case([40, 17], block_size=16, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="fp8", seed=3)
+    with_key = run(fp8, num_splits=2, software_fp8=True)
+    params()
+    assert torch.equal(with_key, run(fp8, num_splits=2, software_fp8=True))
+
+
 @pytest.mark.parametrize("k_mag,v_mag", [(6e4, 1e5), (6e4, 1e-6)])
 def test_bf16_cache_across_the_value_range(k_mag, v_mag):
     case = make_case([70, 45], block_size=16, hkv=2, hq=12, dtype=torch.bfloat16, k_mag=k_mag, v_mag=v_mag, seed=12)
@@ -388,6 +428,8 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     ('{"kv16": {"early_convert": 1}}', "early_convert applies to kv8 only"),
     ('{"early_convert": 3}', "kv8.early_convert must be 0, 1 or 2"),
     ('{"kv8": {"page_loop": 2}}', "kv8.page_loop must be 0 or 1"),
+    ('{"kv8": {"int8_qk": 2}}', "kv8.int8_qk must be 0 or 1"),
+    ('{"kv16": {"int8_qk": 1}}', "int8_qk applies to kv8 only"),
     ('{"split_round": "nearest"}', 'kv16.split_round must be "up" or "down"'),
 ])
 def test_bad_env_override_fails_with_one_clear_error(text, match):
@@ -528,3 +570,14 @@ def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
     for r in rows:
         assert "error" not in r, r
         assert r["shared"] <= (227 * 1024 if r["target"] == "sm90" else 64 * 1024), r
+
+
+def test_int8_qk_takes_its_own_path(params):
+    # not a silent fallback: the int8 products round differently from the fp16 ones (outputs close, not equal)
+    case = make_case([70, 45], block_size=16, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="int8", seed=9)
+    params(kv8={"int8_qk": 0})
+    fp16_products = run(case, num_splits=2).float()
+    params(kv8={"int8_qk": 1})
+    int8_products = run(case, num_splits=2).float()
+    assert not torch.equal(fp16_products, int8_products)
+    assert (fp16_products - int8_products).abs().max() < 4e-2

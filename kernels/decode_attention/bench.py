@@ -222,7 +222,10 @@ def launch_grid():
         # compiled for gfx90a, int8 at BLOCK_N 32 takes 218 / 242 VGPRs and 16 / 32 KiB LDS at 2 / 3 stages, no spills
         paged = [dict(BLOCK_N=32, num_warps=4, num_stages=st, waves_per_eu=2, matrix_instr_nonkdim=16, page_loop=1)
                  for st in (2, 3)]
-        return {"kv16": cfgs, "kv8": cfgs + paged}
+        # int8 x int8 QK^T (int8 caches; fp8 rows run as without it): K never converted, 181 VGPRs against 226 for
+        # gfx90a at BLOCK_N 32 / 1 stage
+        int8_qk = [dict(BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=2, matrix_instr_nonkdim=16, int8_qk=1)]
+        return {"kv16": cfgs, "kv8": cfgs + paged + int8_qk}
     kv16 = [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)]
     # kv8: (BLOCK_N, num_warps, num_stages, early_convert, page_loop)
     # (32, 4, 2|3, 1): 125 registers in compile_check (BLOCK_N 64: 146-167); (32, 4, 2, 1) ran

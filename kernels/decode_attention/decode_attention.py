@@ -41,6 +41,11 @@ dtype over batch 1-64 x ctx 4-32K, worst 1.11-1.13x at batch 64 x 8-16K; bf16 un
 bench/results/2026-12-02-h200-device-runs-2.md, both kernels in one call). Accuracy: 1e-2 of a
 float64 reference on the dequantized cache for |V| in 1e-6..1e37 and |K| up to 6e4
 (tests/test_decode_attention.py, tests/gpu/test_decode_attention_gpu.py).
+int8 caches, launch key int8_qk (off by default, not yet measured on a GPU): QK^T without converting K. q becomes a
+per-row int8 pair, q = sq (hi + lo / 256) (_q_int8_pair: within max|q of the row| / 65024 of q), two int8 x int8
+dots with K's raw codes accumulate exactly in int32, and S = (hi.K + lo.K / 256) x sq x K scale x softmax scale.
+V goes as before. For GPUs with int8 matrix units and no fp8 (the DCU: int8 MFMA); compiled for gfx90a it takes 181
+VGPRs against 226 (compile_check).
 Scores are not clamped: |q . k x scale| must stay within float32 (the prefill kernel saturates S
 at +-3e38 for inputs beyond that).
 Rows past the end of a sequence re-read its last token instead of being masked, so the K/V loads
@@ -194,6 +199,19 @@ def _q_for_codes(q, KV_QUANT: tl.constexpr):
 
 
 @triton.jit
+def _q_int8_pair(q):
+    """q for int8 x int8 products with int8 codes (launch key int8_qk): per row, q = sq x (hi + lo / 256) with hi
+    and lo int8 (lo the rounded remainder), so |q - sq (hi + lo / 256)| <= sq / 512 = max|q of the row| / 65024,
+    ~16 significant bits against the row's largest element (bf16 q has 8). Returns (hi, lo, sq per row)."""
+    q32 = q.to(tl.float32)
+    amax = tl.max(tl.abs(q32), axis=1)
+    sq = tl.where(amax > 0, amax / 127.0, 1.0)
+    hi = tl.minimum(tl.maximum(tl.floor(q32 / sq[:, None] + 0.5), -127.0), 127.0)
+    lo = tl.minimum(tl.maximum(tl.floor((q32 - hi * sq[:, None]) * (256.0 / sq[:, None]) + 0.5), -127.0), 127.0)
+    return hi.to(tl.int8), lo.to(tl.int8), sq
+
+
+@triton.jit
 def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.constexpr,
              PAGE_GE_TILE: tl.constexpr):
     """(physical page, slot) of each token of KV tile ``tile``; tokens past ``last`` read ``last``."""
@@ -215,16 +233,26 @@ def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _tile_update(q, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_d, key_ok, s_mult, kv_mask, kv_other,
+def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_d, key_ok, s_mult, kv_mask, kv_other,
                  KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr, K_PURE: tl.constexpr,
-                 V_PURE: tl.constexpr):
+                 V_PURE: tl.constexpr, INT8_QK: tl.constexpr):
     """One KV tile of the online softmax; returns (acc, m, l). k_rows / v_rows: a pointer per key to its row of
-    head_dim values; key_ok: the keys that count (not past the sequence, not already done)."""
+    head_dim values; key_ok: the keys that count (not past the sequence, not already done). INT8_QK: q is the
+    int8 pair (q, q_lo) of _q_int8_pair and s_mult its per-row factor; K's codes go to the dot unconverted."""
     k = tl.load(k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
-    if KV_QUANT != 0:
-        k = _codes_to_f16(k, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE)
-    s = tl.dot(q, tl.trans(k))
-    if KV_QUANT != 0:
+    if INT8_QK:
+        k8 = tl.trans(k.to(tl.int8, bitcast=True))
+        s = tl.dot(q, k8, out_dtype=tl.int32).to(tl.float32) + \
+            tl.dot(q_lo, k8, out_dtype=tl.int32).to(tl.float32) * 0.00390625
+    else:
+        if KV_QUANT != 0:
+            k = _codes_to_f16(k, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE)
+        s = tl.dot(q, tl.trans(k))
+    if INT8_QK:
+        k_scale = tl.load(ks_ptrs)
+        v_scale = tl.load(vs_ptrs)
+        s = s * s_mult[:, None] * k_scale[None, :]
+    elif KV_QUANT != 0:
         k_scale = tl.load(ks_ptrs)
         v_scale = tl.load(vs_ptrs)
         s = s * (k_scale * s_mult)[None, :]
@@ -248,7 +276,7 @@ def _tile_update(q, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_d, key
     v = tl.load(v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
     if KV_QUANT != 0:
         v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX, V_PURE)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
 
@@ -270,6 +298,7 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
     K_PURE: tl.constexpr = False, V_PURE: tl.constexpr = False, PAGE_LOOP: tl.constexpr = False,
+    INT8_QK: tl.constexpr = False,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -299,7 +328,13 @@ def _decode_split_kernel(
 
     q = tl.load(q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :], mask=hd_mask, other=0.0)
     s_mult = scale_log2
-    if KV_QUANT != 0:
+    q_lo = q  # the int8 pair's low half (INT8_QK only)
+    if INT8_QK:
+        # int8 caches with launch key int8_qk: int8 x int8 products of q's int8 pair with K's raw codes (value =
+        # code x K scale), no conversion of K; q's per-row factor comes back out of S in s_mult (a vector)
+        q, q_lo, sq = _q_int8_pair(q)
+        s_mult = sq * scale_log2
+    elif KV_QUANT != 0:
         # 8-bit caches: fp16 products (every code is exact in fp16, see _codes_to_f16), q scaled
         # by a power of two into fp16's range; the factors come back out of S in s_mult.
         q, s_factor = _q_for_codes(q, KV_QUANT)
@@ -341,21 +376,21 @@ def _decode_split_kernel(
                 key_ok = (slots >= start) & (first_tok + slots < seq_len)
                 slot = tl.minimum(slots, last - first_tok)
                 acc, m_i, l_i = _tile_update(
-                    q, acc, m_i, l_i,
+                    q, q_lo, acc, m_i, l_i,
                     k_head + phys * stride_kb + slot * stride_kt, v_head + phys * stride_vb + slot * stride_vt,
                     ks_head + phys * stride_ksb + slot * stride_kst, vs_head + phys * stride_vsb + slot * stride_vst,
-                    offs_d, key_ok, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE, V_PURE,
+                    offs_d, key_ok, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE, V_PURE, INT8_QK,
                 )  # fmt: skip
     else:
         last_page = last // block_size
         for tile in range(tile_start, tile_end):
             phys, slot = _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N, PAGE_GE_TILE)
             acc, m_i, l_i = _tile_update(
-                q, acc, m_i, l_i,
+                q, q_lo, acc, m_i, l_i,
                 k_head + phys * stride_kb + slot * stride_kt, v_head + phys * stride_vb + slot * stride_vt,
                 ks_head + phys * stride_ksb + slot * stride_kst, vs_head + phys * stride_vsb + slot * stride_vst,
                 offs_d, tile * BLOCK_N + offs_n < seq_len, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE, PTX,
-                K_PURE, V_PURE,
+                K_PURE, V_PURE, INT8_QK,
             )  # fmt: skip
 
     o = acc / l_i[:, None]
@@ -501,6 +536,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     block_n = launch.pop("BLOCK_N")
     early_convert = launch.pop("early_convert", 2)
     page_loop = bool(launch.pop("page_loop", 0)) and block_size >= block_n
+    int8_qk = bool(launch.pop("int8_qk", 0)) and kv_quant == "int8"  # the kv8 entry also serves fp8 caches
 
     _decode_split_kernel[(batch, hkv, splits)](
         q, k_cache, v_cache, k_scales, v_scales, block_table, seq_lens,
@@ -512,7 +548,8 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, BLOCK_N=block_n,
         PAGE_GE_TILE=block_size >= block_n, PAGE_LOOP=page_loop, KV_QUANT=_KV_QUANT[kv_quant],
         FP8_SOFTWARE=bool(software_fp8),
-        PTX=kv_quant is not None and _use_ptx(q.device), K_PURE=early_convert < 2, V_PURE=early_convert < 1, **launch,
+        PTX=kv_quant is not None and _use_ptx(q.device), K_PURE=early_convert < 2, V_PURE=early_convert < 1,
+        INT8_QK=int8_qk, **launch,
     )  # fmt: skip
     if splits > 1:
         block_dm = min(_MERGE_DIM, block_d)

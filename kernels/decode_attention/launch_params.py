@@ -18,6 +18,9 @@ Keys of an entry:
               launches more programs than that target, for entries whose shared memory or registers
               leave just programs_per_cu programs per compute unit (a round-up would start a second
               wave for a few programs);
+              int8_qk (0/1, kv8 only, int8 caches only: fp8 caches ignore it): QK^T as int8 x int8 products of
+              q's per-row int8 pair (q = sq (hi + lo / 256), two dots) with K's raw codes, so K is never
+              converted; V as before. Unmeasured on a GPU (2026-12-02): off in every entry;
               page_loop (0/1): pages in an outer loop (one block-table read per page), the page's tiles
               in an inner one that the pipeliner can buffer num_stages - 1 tiles deep (with the page
               read inside the tile loop it keeps one tile in flight whatever num_stages says); tiles
@@ -39,9 +42,9 @@ ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
 _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
-                "page_loop", "split_round")
+                "page_loop", "split_round", "int8_qk")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
-_KV8_ONLY = ("early_convert",)
+_KV8_ONLY = ("early_convert", "int8_qk")
 
 # DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
 # - BLOCK_N 32 at head_dim 256: a 16 KiB bf16 K/V tile per stage plus the 8 KiB Q tile in LDS.
@@ -133,8 +136,9 @@ def _check_ints(entry: dict, where: str):
             if key in _KV8_ONLY:
                 if sub != "kv8":
                     raise ValueError(f"{where}: {key} applies to kv8 only")
-                if val not in (0, 1, 2):
-                    raise ValueError(f"{where}: kv8.{key} must be 0, 1 or 2, got {val!r}")
+                allowed, text = ((0, 1, 2), "0, 1 or 2") if key == "early_convert" else ((0, 1), "0 or 1")
+                if val not in allowed or isinstance(val, bool):
+                    raise ValueError(f"{where}: kv8.{key} must be {text}, got {val!r}")
             elif key == "split_round":
                 if val not in ("up", "down"):
                     raise ValueError(f"{where}: {sub}.split_round must be \"up\" or \"down\", got {val!r}")
