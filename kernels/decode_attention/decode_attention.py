@@ -42,7 +42,7 @@ bench/results/2026-12-02-h200-device-runs-2.md, both kernels in one call). Accur
 float64 reference on the dequantized cache for |V| in 1e-6..1e37 and |K| up to 6e4
 (tests/test_decode_attention.py, tests/gpu/test_decode_attention_gpu.py).
 int8 caches, launch key int8_qk (off by default, not yet measured on a GPU): QK^T without converting K. q becomes a
-per-row int8 pair, q = sq (hi + lo / 256) (_q_int8_pair: within max|q of the row| / 65024 of q), two int8 x int8
+per-row int8 pair, q = sq (hi + lo / 256) (_q_int8_pair: within max|q of the row| / 32512 of q), two int8 x int8
 dots with K's raw codes accumulate exactly in int32, and S = (hi.K + lo.K / 256) x sq x K scale x softmax scale.
 V goes as before. For GPUs with int8 matrix units and no fp8 (the DCU: int8 MFMA); compiled for gfx90a it takes 181
 VGPRs against 226 (compile_check).
@@ -201,8 +201,9 @@ def _q_for_codes(q, KV_QUANT: tl.constexpr):
 @triton.jit
 def _q_int8_pair(q):
     """q for int8 x int8 products with int8 codes (launch key int8_qk): per row, q = sq x (hi + lo / 256) with hi
-    and lo int8 (lo the rounded remainder), so |q - sq (hi + lo / 256)| <= sq / 512 = max|q of the row| / 65024,
-    ~16 significant bits against the row's largest element (bf16 q has 8). Returns (hi, lo, sq per row)."""
+    and lo int8 (lo the rounded remainder, clamped to +-127), so |q - sq (hi + lo / 256)| <= sq / 256 = max|q of the
+    row| / 32512 (sq / 512 unless the remainder rounds to -128): ~15 significant bits against the row's largest
+    element (bf16 q has 8). Returns (hi, lo, sq per row)."""
     q32 = q.to(tl.float32)
     amax = tl.max(tl.abs(q32), axis=1)
     sq = tl.where(amax > 0, amax / 127.0, 1.0)
