@@ -32,14 +32,9 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     import triton
     from triton.compiler import ASTSource
 
-    from .decode_attention import _BLOCK_H, _decode_split_kernel
+    from .decode_attention import _BLOCK_H, _decode_split_kernel, split_kernel_launch
 
-    launch = dict(launch)
-    block_n = launch.pop("BLOCK_N")
-    early = launch.pop("early_convert", 2)
-    page_loop = bool(launch.pop("page_loop", 0)) and block_size >= block_n
-    launch.pop("split_round", None)  # the host's split plan, not a compile option
-    int8_qk = bool(launch.pop("int8_qk", 0)) and kv_quant == 2  # int8 caches only, as the launcher does
+    launch_consts, options = split_kernel_launch(launch, block_size, kv_quant)  # as the launcher compiles it
     # as the JIT specializes them at Qwen3.5-27B's shapes (compile_tools.jit_signature): the 8-bit scale views' head
     # stride is 1; the other integers are multiples of 16 except the scales' token stride (4 heads), the block
     # table's row stride (the longest request's page count) and the split plan's counts. Without these, the kv8
@@ -51,10 +46,9 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
         ones=() if kv_quant == 0 else ("stride_ksh", "stride_vsh"),
         div16=lambda name: name not in no_div, scalars={"scale_log2": "fp32"})
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_H=_BLOCK_H,
-                  BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n, KV_QUANT=kv_quant, FP8_SOFTWARE=software,
-                  PTX=ptx, K_PURE=early < 2, V_PURE=early < 1, PAGE_LOOP=page_loop, INT8_QK=int8_qk, **unit_strides)
+                  KV_QUANT=kv_quant, FP8_SOFTWARE=software, PTX=ptx, **launch_consts, **unit_strides)
     kernel = triton.compile(ASTSource(_decode_split_kernel, sig, constexprs=consts, attrs=attrs),
-                            target=gpu_target(target), options=launch)
+                            target=gpu_target(target), options=options)
     report = dict(shared=kernel.metadata.shared)
     if "ptx" in kernel.asm:
         report.update(ptxas_usage(kernel.asm["ptx"], gpu_target(target).arch),

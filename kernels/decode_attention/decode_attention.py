@@ -456,6 +456,22 @@ def _use_ptx(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and launch_params.current_target(device) != "interpreter"
 
 
+def split_kernel_launch(launch: dict, block_size: int, kv_quant: int) -> tuple[dict, dict]:
+    """A kv16 / kv8 launch entry as _decode_split_kernel takes it: (constexprs, Triton options). Shared by the
+    launcher and compile_check, so both compile the same kernel. split_round is the host's split plan (_plan);
+    page_loop needs pages of at least BLOCK_N tokens; int8_qk applies to int8 caches only (kv_quant 2: the kv8
+    entry also serves fp8 caches)."""
+    options = dict(launch)
+    options.pop("split_round", None)
+    block_n = options.pop("BLOCK_N")
+    early_convert = options.pop("early_convert", 2)
+    consts = dict(BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
+                  PAGE_LOOP=bool(options.pop("page_loop", 0)) and block_size >= block_n,
+                  K_PURE=early_convert < 2, V_PURE=early_convert < 1,
+                  INT8_QK=bool(options.pop("int8_qk", 0)) and kv_quant == 2)
+    return consts, options
+
+
 def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8):
     target = launch_params.current_target(device)
     entry = launch_params.get_params(target)
@@ -534,10 +550,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     if software_fp8 is None:
         software_fp8 = kv_quant == "fp8" and use_software_fp8()
     block_d = triton.next_power_of_2(d)
-    block_n = launch.pop("BLOCK_N")
-    early_convert = launch.pop("early_convert", 2)
-    page_loop = bool(launch.pop("page_loop", 0)) and block_size >= block_n
-    int8_qk = bool(launch.pop("int8_qk", 0)) and kv_quant == "int8"  # the kv8 entry also serves fp8 caches
+    consts, options = split_kernel_launch(launch, block_size, _KV_QUANT[kv_quant])
 
     _decode_split_kernel[(batch, hkv, splits)](
         q, k_cache, v_cache, k_scales, v_scales, block_table, seq_lens,
@@ -546,16 +559,14 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
         block_table.stride(0), out.stride(0), out.stride(1),
-        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, BLOCK_N=block_n,
-        PAGE_GE_TILE=block_size >= block_n, PAGE_LOOP=page_loop, KV_QUANT=_KV_QUANT[kv_quant],
-        FP8_SOFTWARE=bool(software_fp8),
-        PTX=kv_quant is not None and _use_ptx(q.device), K_PURE=early_convert < 2, V_PURE=early_convert < 1,
-        INT8_QK=int8_qk, **launch,
+        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, KV_QUANT=_KV_QUANT[kv_quant],
+        FP8_SOFTWARE=bool(software_fp8), PTX=kv_quant is not None and _use_ptx(q.device), **consts, **options,
     )  # fmt: skip
     if splits > 1:
         block_dm = min(_MERGE_DIM, block_d)
         _merge_splits_kernel[(batch, hq, triton.cdiv(d, block_dm))](
             ws_o, ws_lse, seq_lens, out, splits, min_split, hq, block_size, out.stride(0), out.stride(1),
-            HEAD_DIM=d, BLOCK_DM=block_dm, BLOCK_N=block_n, PAGE_LOOP=page_loop, MERGE=_MERGE_SPLITS, num_warps=4,
+            HEAD_DIM=d, BLOCK_DM=block_dm, BLOCK_N=consts["BLOCK_N"], PAGE_LOOP=consts["PAGE_LOOP"],
+            MERGE=_MERGE_SPLITS, num_warps=4,
         )  # fmt: skip
     return out
