@@ -41,7 +41,7 @@ import triton
 
 from ..kv_quant.layout import kv_cache_shape, split_kv_cache
 from . import launch_params
-from .decode_attention import decode_attention, workspace_numel
+from .decode_attention import _plan, decode_attention, workspace_numel
 from ..results_io import save_figure, write_text
 
 HQ, HKV, D = 24, 4, 256
@@ -327,13 +327,6 @@ def plot(rows, copy_gbps, path):
     save_figure(fig, path, dpi=120)
 
 
-def splits_of(target, config, dtype, batch, num_cus):
-    """Splits per sequence the launcher picks for this dtype and batch under ``config`` (an override)."""
-    entry = launch_params.get_params(target, override=json.dumps(config))
-    round_down = entry["kv16" if dtype == "bf16" else "kv8"].get("split_round") == "down"
-    return launch_params.num_splits(batch, HKV, num_cus, entry, round_down)
-
-
 def markdown(meta, rows):
     out = [f"# Decode attention: {meta['device']}", "", f"Command: `{meta['command']}`", "",
            f"Device copy bandwidth (read + write): {meta['copy_GBps']:.0f} GB/s. Baseline: {meta['baseline']}.",
@@ -481,7 +474,9 @@ def main(argv=None):
             r = dict(dtype=dtype if variant is None else f"{dtype} [{variant}]", batch=batch, ctx=ctx,
                      block_size=c["k"].shape[1], us=round(us, 1),
                      GBps=round(gbps), pct_copy=round(100 * gbps / copy_gbps, 1),
-                     splits=splits_of(target, run_config, dtype, batch, props.multi_processor_count))
+                     # the launcher's own split plan under this run's entry
+                     splits=with_params(run_config, lambda: _plan(batch, HQ, HKV, D, c["q"].device, None,
+                                                                  dtype != "bf16")[1]))
             if dtype == "bf16":
                 ours_bf16[(batch, ctx)] = us
                 if ua is not None:
