@@ -249,14 +249,13 @@ def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_
         if KV_QUANT != 0:
             k = _codes_to_f16(k, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE)
         s = tl.dot(q, tl.trans(k))
-    if INT8_QK:
+    if KV_QUANT != 0:
         k_scale = tl.load(ks_ptrs)
         v_scale = tl.load(vs_ptrs)
-        s = s * s_mult[:, None] * k_scale[None, :]
-    elif KV_QUANT != 0:
-        k_scale = tl.load(ks_ptrs)
-        v_scale = tl.load(vs_ptrs)
-        s = s * (k_scale * s_mult)[None, :]
+        if INT8_QK:
+            s = s * s_mult[:, None] * k_scale[None, :]  # s_mult: q's factor per row
+        else:
+            s = s * (k_scale * s_mult)[None, :]
     else:
         s = s * s_mult
     s = tl.where(key_ok[None, :], s, float("-inf"))
