@@ -234,7 +234,8 @@ def launch_grid():
     # H200 (eighth session), slower at batch 16 (split waves)
     kv8 = [(64, 4, 2, 2, 0), (64, 4, 2, 1, 0), (64, 4, 2, 0, 0), (64, 4, 3, 0, 0), (32, 4, 2, 1, 0), (32, 4, 3, 1, 0),
            (64, 4, 3, 1, 1), (64, 4, 3, 0, 1), (32, 4, 4, 0, 1), (32, 4, 4, 1, 1), (32, 4, 5, 0, 1), (128, 4, 2, 0, 0)]
-    # split_round explicit in every kv8 candidate (an override merges over the table's entry): "down" with page_loop,
+    # split_round explicit in every kv8 candidate (an override merges over the table's entry, so int8_qk comes from
+    # the table's): "down" with page_loop,
     # whose shared memory leaves 2 programs per SM (ninth session: 0.76-0.81x of the round-up plan's time at batch 16,
     # 0.94x at batch 64)
     return {"kv16": [dict(BLOCK_N=bn, num_warps=w, num_stages=st) for bn, w, st in kv16],

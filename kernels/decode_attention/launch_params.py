@@ -20,7 +20,8 @@ Keys of an entry:
               wave for a few programs);
               int8_qk (0/1, kv8 only, int8 caches only: fp8 caches ignore it): QK^T as int8 x int8 products of
               q's per-row int8 pair (q = sq (hi + lo / 256), two dots) with K's raw codes, so K is never
-              converted; V as before. Unmeasured on a GPU (2026-12-02): off in every entry;
+              converted; V as before. On in sm90's entry (0.95x the fp16 path's time for int8, measured);
+              off on the DCU until measured there (its int8 MFMA is what it is for);
               page_loop (0/1): pages in an outer loop (one block-table read per page), the page's tiles
               in an inner one that the pipeliner can buffer num_stages - 1 tiles deep (with the page
               read inside the tile loop it keeps one tile in flight whatever num_stages says); tiles
@@ -83,9 +84,13 @@ PARAMS = {
         # previous entry (BLOCK_N 64, 2 stages, no page loop) in one call: 0.85x its time (geomean over batch
         # 1/4/16/64 x 4-32K, int8 / fp8 hw / fp8 sw 0.847 / 0.845 / 0.859x; 0.72-0.79x at batch 64, 0.96-0.97x at
         # batch 1, where 4K is 1.05-1.07x bf16's time: one tile per split), 0.87x the kernel before issue #15
-        # (bench/results/2026-12-02-nvidia-h200-decode-attention-split-round.md)
+        # (bench/results/2026-12-02-nvidia-h200-decode-attention-split-round.md). int8_qk 1 (int8 caches only):
+        # 0.951x the same entry without it for int8 (geomean over batch 1/4/16/64 x 4-32K; fp8 rows unchanged,
+        # 0.994-0.998x), int8 / bf16 at 16-32K 0.70-0.79 / 0.62-0.67 / 0.64-0.66 / 0.67-0.68x at batch 1 / 4 / 16 / 64;
+        # the GPU decode tests pass with it (bench/results/2026-12-02-nvidia-h200-decode-attention-kv8-warps.md:
+        # 8 warps, 8 warps x 4 stages, BLOCK_N 32 x 4 / 6 stages were 1.08-1.34x slower)
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
-                "split_round": "down"},
+                "split_round": "down", "int8_qk": 1},
     },
     "gfx936": dict(_DCU),
     "gfx928": dict(_DCU),

@@ -262,6 +262,33 @@ def test_8bit_extreme_and_zero_v_tiles_give_finite_accurate_outputs(kv_quant, so
     check_rel(run(case, software_fp8=software), case)
 
 
+# --- int8 caches: QK^T as int8 x int8 products (launch key int8_qk, on in sm90's entry) ------------------------------
+def _rel_errors(out, want):
+    return [((out[b].double() - want[b]).norm() / want[b].norm()).item() for b in range(out.shape[0])]
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("k_mag", [2.0, 6e4])
+def test_int8_qk_costs_no_accuracy_against_the_fp16_path(monkeypatch, q_dtype, k_mag):
+    # both paths against one float64 reference on the dequantized cache; fp16 q and out (rounding 2^-11, not bf16's
+    # 2^-8) so a difference between the paths would show above the output's rounding
+    case = make_case([16385, 5000, 17], 1552, kv_quant="int8", seed=11, k_mag=k_mag)
+    case["q"] = case["q"].to(q_dtype)
+    kw = {k: case[k] for k in ("k_scales", "v_scales", "kv_quant")}
+    want = paged_decode_reference(case["q"], case["k_cache"], case["v_cache"], case["block_table"],
+                                  case["seq_lens"], case["scale"], dtype=torch.float64, **kw)
+    errs = {}
+    for flag in (0, 1):
+        monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"int8_qk": flag}}))
+        out = run(case)
+        assert_rel_close(out, want)
+        errs[flag] = _rel_errors(out, want)
+    print(f"int8 KV, q {q_dtype}, |K| ~{k_mag:g}: relative error per sequence vs float64, fp16 path "
+          f"{', '.join(f'{e:.2e}' for e in errs[0])}; int8_qk {', '.join(f'{e:.2e}' for e in errs[1])}")
+    for e0, e1 in zip(errs[0], errs[1]):
+        assert e1 <= 1.25 * e0 + 1e-4, f"int8_qk {e1:.3g} against the fp16 path's {e0:.3g}"
+
+
 @triton.jit
 def _convert_kernel(codes_ptr, out_ptr, KV_QUANT: tl.constexpr, SOFTWARE: tl.constexpr, PTX: tl.constexpr):
     offs = tl.arange(0, 256)
