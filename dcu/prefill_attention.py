@@ -11,12 +11,17 @@ Patch 0006's hooks call the two public names here:
   metadata builder is made (after the KV cache exists, before CUDA graphs are captured), so the one Triton
   specialization a request can meet is compiled before the engine serves: the kernel specializes on nothing
   that changes between requests (chunk lengths, history lengths, batch size are runtime values).
+  With an 8-bit cache it also sizes the kernel's 16-bit mirror from the engine's max_model_len
+  (``engine_mirror_tokens``) and allocates it, so a sequence of any allowed length takes the mirror (a longer
+  one would read the 8-bit cache directly, ~2.4x the mirror's attention time) and a mirror that does not fit
+  fails at startup, not at the first long request.
 
 No vLLM import at module level: the routing rules are tested without a vLLM tree.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 import time
@@ -48,6 +53,35 @@ def _kernels():
         from kernels.kv_quant import layout
         from kernels.prefill_attention import MAX_GROUP, prefill_attention
     return prefill_attention, MAX_GROUP, layout
+
+
+def _mirror_api():
+    """The prefill kernel module's mirror constants and its env reader (wheel or repository)."""
+    try:  # by module path: the package exports the function under the module's name
+        return importlib.import_module("vllm.dcu_kernels.prefill_attention.prefill_attention")
+    except ImportError:
+        return importlib.import_module("kernels.prefill_attention.prefill_attention")
+
+
+def engine_mirror_tokens(max_model_len: int | None, env=None) -> int:
+    """Tokens of the 16-bit mirror of 8-bit caches for an engine of this max_model_len:
+    ``VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS`` when set (0 = off), else one sequence of max_model_len rounded up to the
+    mirror's page (256 tokens), never below the kernel's default (32768 tokens: several shorter prompts in one
+    batch still fit). 4 MiB per 1024 tokens at Qwen3.5-27B's 4 kv heads x 256."""
+    mod = _mirror_api()
+    raw = (os.environ if env is None else env).get(mod.MIRROR_ENV, "").strip()
+    if raw or not max_model_len:
+        return mod.mirror_tokens(env)
+    page = mod.MIRROR_PAGE
+    return max(mod.MIRROR_DEFAULT_TOKENS, -(-int(max_model_len) // page) * page)
+
+
+def mirror_bytes(tokens: int, num_heads_kv: int, head_size: int) -> int:
+    """Device bytes of a mirror of ``tokens`` tokens: 16-bit K and V plus K's float32 scales per (token, kv head)."""
+    return tokens * num_heads_kv * (2 * 2 * head_size + 4)
+
+
+_ENGINE_MIRROR: dict = {}  # "tokens": the size warmup chose for this process's engine (absent: the kernel's default)
 
 
 def unsupported(kw: dict) -> str | None:
@@ -112,6 +146,7 @@ def route_unified_attention(upstream):
             kw["softmax_scale"], k_scales=kw.get("k_scale_cache") if kv_quant else None,
             v_scales=kw.get("v_scale_cache") if kv_quant else None, kv_quant=kv_quant,
             software_fp8=kw.get("software_fp8"), max_seqlen_k=kw.get("max_seqlen_k"),
+            mirror=_ENGINE_MIRROR.get("tokens"),
         )
 
     unified_attention.dcu_upstream = upstream
@@ -122,10 +157,11 @@ _WARM: set = set()
 
 
 def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dtype, cache_dtype: str,
-           block_size: int, device) -> float | None:
+           block_size: int, device, max_model_len: int | None = None) -> float | None:
     """Compile the prefill kernel for this engine's attention shape and cache layout now; the seconds it took,
     or None when there is nothing to warm (kernel off, unsupported shape, not a GPU). Runs a batch of a
-    prefill chunk with history (both stages) and a decode row, on a cache laid out like vLLM's."""
+    prefill chunk with history (both stages) and a decode row, on a cache laid out like vLLM's. With an 8-bit
+    cache the mirror is sized from ``max_model_len`` (engine_mirror_tokens) and allocated here."""
     device = torch.device(device)
     if not enabled() or device.type != "cuda" or dtype not in _DTYPES or head_size > MAX_HEAD_SIZE:
         return None
@@ -135,7 +171,8 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
         return None
     if num_heads_q % num_heads_kv or num_heads_q // num_heads_kv > max_group:
         return None
-    key = (num_heads_q, num_heads_kv, head_size, dtype, kv_quant, block_size, device)
+    mirror = engine_mirror_tokens(max_model_len) if kv_quant is not None else None
+    key = (num_heads_q, num_heads_kv, head_size, dtype, kv_quant, block_size, device, mirror)
     if key in _WARM:
         return 0.0
     t0 = time.perf_counter()
@@ -165,8 +202,20 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
         ks.fill_(0.01)
         vs.fill_(0.01)
         scales = dict(k_scales=ks, v_scales=vs)
-    prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant, max_seqlen_k=max(lens),
-                      **scales)
+    try:
+        prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant,
+                          max_seqlen_k=max(lens), mirror=mirror, **scales)
+    except torch.OutOfMemoryError as e:
+        if not mirror:
+            raise
+        mib = mirror_bytes(mirror, num_heads_kv, head_size) / 2**20
+        raise RuntimeError(
+            f"vllm-dcu: the 8-bit KV cache's prefill mirror ({mirror} tokens, {mib:.0f} MiB, sized from "
+            f"max_model_len {max_model_len}) does not fit beside the KV cache: lower --gpu-memory-utilization or "
+            f"--max-model-len, or set {_mirror_api().MIRROR_ENV} to fewer tokens (0: no mirror; sequences longer "
+            "than the mirror read the 8-bit cache directly, ~2.4x the attention time)") from e
+    if mirror is not None:
+        _ENGINE_MIRROR["tokens"] = mirror
     torch.cuda.synchronize(device)
     if not torch.isfinite(out).all():
         raise RuntimeError("vllm-dcu prefill attention warmup produced non-finite output")
@@ -174,4 +223,9 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     seconds = time.perf_counter() - t0
     log.info("vllm-dcu: prefill attention kernel ready (%s KV, block %d, %d/%d heads x %d) in %.1f s",
              kv_quant or str(dtype).replace("torch.", ""), block_size, num_heads_q, num_heads_kv, head_size, seconds)
+    if mirror is not None:
+        env = _mirror_api().MIRROR_ENV
+        source = f"from {env}" if os.environ.get(env, "").strip() else f"for max_model_len {max_model_len}"
+        log.info("vllm-dcu: 8-bit prefill mirror of %d tokens (%.0f MiB beside the KV cache), %s", mirror,
+                 mirror_bytes(mirror, num_heads_kv, head_size) / 2**20, source)
     return seconds

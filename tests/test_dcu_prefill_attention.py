@@ -80,13 +80,48 @@ def test_warmup_is_a_no_op_without_a_gpu():
     assert route.warmup(HQ, HKV, D, torch.bfloat16, "auto", BS, "cpu") is None
 
 
+@pytest.mark.parametrize("max_model_len,env,tokens", [
+    (None, {}, 32768),  # no engine length: the kernel's default
+    (8192, {}, 32768),  # never below the default (several prompts in one batch)
+    (32768, {}, 32768),
+    (40000, {}, 40192),  # one sequence of max_model_len, rounded up to the mirror's 256-token page
+    (262144, {}, 262144),
+    (262144, {"VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS": "0"}, 0),  # the variable wins: off
+    (262144, {"VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS": "50000"}, 50000),
+])
+def test_engine_mirror_holds_one_sequence_of_max_model_len(max_model_len, env, tokens):
+    assert route.engine_mirror_tokens(max_model_len, env) == tokens
+
+
+def test_engine_mirror_bad_variable_fails_naming_it():
+    with pytest.raises(ValueError, match="VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS='lots'"):
+        route.engine_mirror_tokens(40000, {"VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS": "lots"})
+
+
+def test_mirror_bytes_at_qwen35_shape():
+    assert route.mirror_bytes(32768, 4, 256) == 32768 * 4 * (4 * 256 + 4)  # ~128.5 MiB
+
+
+def test_router_passes_the_engine_mirror_size_to_the_kernel(monkeypatch):
+    seen = []
+    fake = lambda *a, **kw: seen.append(kw.get("mirror"))  # noqa: E731
+    monkeypatch.setattr(route, "_kernels", lambda: (fake, 8, None))
+    monkeypatch.setattr(route, "_ENGINE_MIRROR", {})
+    monkeypatch.delenv(route.ENV_VAR, raising=False)
+    wrapped = route.route_unified_attention(lambda **kw: "upstream")
+    wrapped(**ua_kwargs())
+    route._ENGINE_MIRROR["tokens"] = 40192  # what warmup sets for max_model_len 40000 with an 8-bit cache
+    wrapped(**ua_kwargs())
+    assert seen == [None, 40192]
+
+
 # --- through the patched tree ----------------------------------------------------------------------
 
 def fake_vllm_config(cache_dtype="auto"):
     from vllm.config import CUDAGraphMode
 
     model = types.SimpleNamespace(get_num_attention_heads=lambda pc: HQ, get_num_kv_heads=lambda pc: HKV,
-                                  get_head_size=lambda: D, dtype=torch.bfloat16)
+                                  get_head_size=lambda: D, dtype=torch.bfloat16, max_model_len=40000)
     return types.SimpleNamespace(
         model_config=model, parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),
         compilation_config=types.SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
@@ -189,10 +224,11 @@ def test_metadata_builder_warms_the_kernel_with_the_engine_shape(vllm_tree, monk
     from vllm.v1.attention.backends import triton_attn
 
     seen = []
-    monkeypatch.setattr(tree_route, "warmup", lambda *a: seen.append(a))
+    monkeypatch.setattr(tree_route, "warmup", lambda *a, **kw: seen.append((a, kw)))
     triton_attn.TritonAttentionMetadataBuilder(types.SimpleNamespace(block_size=BS), ["layer.0"],
                                                fake_vllm_config("int8_per_token_head"), torch.device("cpu"))
-    assert seen == [(HQ, HKV, D, torch.bfloat16, "int8_per_token_head", BS, torch.device("cpu"))]
+    assert seen == [((HQ, HKV, D, torch.bfloat16, "int8_per_token_head", BS, torch.device("cpu")),
+                     {"max_model_len": 40000})]
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])

@@ -30,9 +30,10 @@ def backend_mod(vllm_tree):
 def fake_vllm_config(max_num_seqs=8, capture_sizes=(1, 2, 4), cache_dtype="auto"):
     from vllm.config import CUDAGraphMode
 
+    # dtype and max_model_len: the builder's prefill warmup (patch 0006) reads them; a no-op on the CPU
     model = types.SimpleNamespace(
         get_num_attention_heads=lambda pc: HQ, get_num_kv_heads=lambda pc: HKV, get_head_size=lambda: D,
-        dtype=torch.bfloat16)  # the builder's prefill warmup (patch 0006) reads it; a no-op on the CPU
+        dtype=torch.bfloat16, max_model_len=4096)
     return types.SimpleNamespace(
         model_config=model,
         parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),

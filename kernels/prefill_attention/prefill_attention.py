@@ -259,7 +259,9 @@ def _prefill_kernel(
 MIRROR_MIN_QUERY = 64
 MIRROR_PAGE = 256
 MIRROR_ENV = "VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS"
-MIRROR_DEFAULT_TOKENS = 32768  # one 32K sequence; 128 MiB for 4 kv heads x 256 (16-bit K and V + K scales)
+# one 32K sequence; 128 MiB for 4 kv heads x 256 (16-bit K and V + K scales). The engine passes its own size, one
+# sequence of max_model_len and never below this (dcu/prefill_attention.py, engine_mirror_tokens)
+MIRROR_DEFAULT_TOKENS = 32768
 _MIRROR_BLOCK_S = 128
 _MIRROR_BLOCK_T = 32
 _BF16_MAX = tl.constexpr(3.3895313892515355e38)

@@ -4,7 +4,8 @@ Chunk lengths 1, 17, 4095 and 4096; histories off the page grid; several prefill
 shuffled pages of 784 (bf16) and 1552 (8-bit) tokens; bf16, int8 and fp8 (hardware and software e4m3) caches,
 through the 16-bit mirror and read directly;
 finite outputs for extreme finite inputs; the router's warmup compiles the only specialization, so varied
-batches afterwards compile nothing. Tolerances as in tests/test_prefill_attention.py (P and the output are
+batches afterwards compile nothing; the engine's mirror holds a sequence of max_model_len, or warmup fails naming
+the knobs. Tolerances as in tests/test_prefill_attention.py (P and the output are
 rounded to bf16; 8-bit caches are compared on their dequantized values).
 """
 import importlib
@@ -152,3 +153,47 @@ def test_warmup_compiles_everything_later_batches_need(monkeypatch, cache_dtype,
     for i, chunks in enumerate(([(4096, 0)], [(4096, 8192)], [(37, 9000), (1, 5)], [(1, 3)] * 3 + [(4000, 33)])):
         run(make_case(chunks, kv_quant=kv_quant, seed=10 + i))
     assert _compiled() == before, "a batch after warmup compiled a new specialization"
+
+
+def _router_kwargs(case):
+    """unified_attention's keyword arguments for a case (what TRITON_ATTN passes the router)."""
+    out = torch.full_like(case["q"], float("nan"))
+    kw = dict(q=case["q"], k=case["k"], v=case["v"], out=out, cu_seqlens_q=case["cu"], max_seqlen_q=int(
+        (case["cu"][1:] - case["cu"][:-1]).max()), seqused_k=case["seq_lens"], max_seqlen_k=case["max_k"],
+        softmax_scale=D**-0.5, causal=True, window_size=(-1, -1), block_table=case["table"], softcap=0,
+        q_descale=None, k_descale=None, v_descale=None, alibi_slopes=None, output_scale=None, qq_bias=None,
+        sinks=None, mm_prefix_range=None)
+    if "kv_quant" in case:
+        kw.update(kv_quant=case["kv_quant"], k_scale_cache=case["k_scales"], v_scale_cache=case["v_scales"])
+    return kw
+
+
+def test_engine_mirror_holds_a_sequence_of_max_model_len(monkeypatch):
+    # max_model_len 40000: warmup sizes the mirror at 40192 tokens, so a 256-token chunk after 36000 tokens of
+    # history (beyond the default 32768-token mirror) goes through the mirror, not the direct path
+    from kernels.kv_quant import layout
+    from kernels.prefill_attention import MAX_GROUP
+
+    monkeypatch.setattr(route, "_kernels", lambda: (prefill_attention, MAX_GROUP, layout))
+    monkeypatch.setattr(route, "_ENGINE_MIRROR", {})
+    monkeypatch.delenv(pa_module.MIRROR_ENV, raising=False)
+    route.warmup(HQ, HKV, D, torch.bfloat16, "int8_per_token_head", BLOCK["int8"], DEV, max_model_len=40000)
+    assert route._ENGINE_MIRROR == {"tokens": 40192}
+    case = make_case([(256, 36000)], kv_quant="int8", seed=21)
+    kw = _router_kwargs(case)
+    route.route_unified_attention(lambda **_: pytest.fail("reached upstream"))(**kw)
+    mirrored, direct = run(case, mirror=40192), run(case, mirror=0)
+    assert torch.equal(kw["out"], mirrored) and not torch.equal(kw["out"], direct)
+    check(kw["out"], case)
+
+
+def test_engine_mirror_that_does_not_fit_fails_at_warmup_naming_the_knobs(monkeypatch):
+    from kernels.kv_quant import layout
+    from kernels.prefill_attention import MAX_GROUP
+
+    monkeypatch.setattr(route, "_kernels", lambda: (prefill_attention, MAX_GROUP, layout))
+    monkeypatch.setattr(route, "_ENGINE_MIRROR", {})
+    monkeypatch.delenv(pa_module.MIRROR_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="prefill mirror .* does not fit .*VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS"):
+        route.warmup(HQ, HKV, D, torch.bfloat16, "int8_per_token_head", BLOCK["int8"], DEV, max_model_len=2**30)
+    assert route._ENGINE_MIRROR == {}
