@@ -84,14 +84,28 @@ def test_smoke_variants_times_every_variant_against_the_table_and_the_platform(t
     want = set()
     for name, n, k, silu in bench.SHAPES:  # the fused shape too, at one row only
         table = launch_params.config_for("interpreter", n, k, 1, silu)
-        want |= {(name, 1, side) for side in ("platform", "table", *bench.variant_grid(table))}
+        want |= {(name, 1, side) for side in ("platform", "table", *bench.variant_grid(table), *bench.read_sides())}
     assert sides == want
     for r in doc["rows"]:
-        assert r["us"] > 0 and r["err"] < 1e-2
+        assert r["us"] > 0 and (r["err"] is None if r["side"].startswith("read ") else r["err"] < 1e-2)
         if r["side"] == "table":
             assert r["vs_table"] == 1
-    assert sum(r["best"] for r in doc["rows"]) == len(bench.SHAPES)
-    assert "| best |" in capsys.readouterr().out
+    assert sum(r["best"] for r in doc["rows"]) == len(bench.SHAPES)  # GEMV sides only, never the read roof
+    out = capsys.readouterr().out
+    assert "| best |" in out and "read roof % copy |" in out
+
+
+def test_read_roof_reads_every_element_of_w_once(monkeypatch):
+    for name in ("SHAPES", "ROWS", "DEV", "SMOKE"):
+        monkeypatch.setattr(bench, name, getattr(bench, name))
+    bench.smoke_setup()
+    # chunks past W's end too; per_sm 0: one program per block; block None: torch.sum
+    for n, k, block, per_sm in [(6, 96, 64, 2), (7, 99, 32, 3), (40, 48, 256, 1), (7, 99, 64, 0), (6, 96, None, 0)]:
+        op = bench.Op("t", n, k, False, 1 << 20)
+        sums = op.read(block, per_sm)(0)
+        if block:
+            assert sums.shape == (bench.num_sms() * per_sm if per_sm else -(-n * k // block),)
+        assert abs(sums.double().sum().item() - op.w[0].double().sum().item()) < 1e-3
 
 
 def test_smoke_variants_with_tries_time_the_named_options_per_row_bucket(tmp_path, monkeypatch):
@@ -103,13 +117,14 @@ def test_smoke_variants_with_tries_time_the_named_options_per_row_bucket(tmp_pat
     with open(base + ".json") as f:
         doc = json.load(f)
     sides = {(r["op"], r["rows"], r["side"]): r for r in doc["rows"]}
-    # the fused shape is left out by --shapes; "only4" runs at 4 rows only; options merge over the table's
-    assert set(sides) == {("small-n", 1, s) for s in ("platform", "table", "n2")} | \
+    # the fused shape is left out by --shapes; "only4" runs at 4 rows only; options merge over the table's; the
+    # read roof once per shape, in the first rows' call
+    assert set(sides) == {("small-n", 1, s) for s in ("platform", "table", "n2", *bench.read_sides())} | \
         {("small-n", 4, s) for s in ("platform", "table", "n2", "only4")}
     table4 = launch_params.config_for("interpreter", 6, 96, 4)
     assert sides[("small-n", 4, "only4")]["config"] == {**table4, "DOT": 1, "BLOCK_N": 16, "BLOCK_K": 32}
     assert sides[("small-n", 1, "n2")]["config"]["BLOCK_N"] == 2
-    assert all(r["err"] < 1e-2 for r in doc["rows"])
+    assert all(r["err"] < 1e-2 for r in doc["rows"] if not r["side"].startswith("read "))
     assert doc["meta"]["variant_rows"] == [1, 4] and doc["meta"]["variant_K_STAGES"] == []
 
 

@@ -27,6 +27,9 @@ writes <date>-<gpu>-gemv-variants.{json,md}.
 merged over the table's entry of each row bucket, either one object for every bucket
 ('f8k3={"DOT":0,"BLOCK_N":8,"BLOCK_K":512,"K_STAGES":3}') or one per bucket ('{"2":{...},"4":{...}}', buckets
 left out are not tried); --rows 1,2,4,8 and --shapes 5120x6144,... (N x K) choose the cases.
+Every shape's first call also times the read roof: a Triton kernel that only streams W's bytes (sums them), in
+three launch shapes (READ_ROOF), and torch.sum of W, so a GEMV's % of copy bandwidth can be read against what a plain read of the same
+bytes reaches at that size under the same timing (a small W's ramp-up and tail weigh more).
 """
 import argparse
 import datetime
@@ -132,6 +135,43 @@ def variant_grid(table_cfg: dict) -> dict:
     return {name: cfg for name, cfg in grid.items() if cfg != table_cfg}
 
 
+# --- the read roof (--variants): what a plain streaming read of the same weight reaches ------------------------------
+
+# (elements per loop step, programs per SM; 0: one program per step, no loop, as an elementwise kernel launches).
+# H200, 2026-12-02 (tenth session): the looped form with 4 programs per SM reached 66-92% of copy bandwidth, below
+# the GEMV itself at every shape (one load in flight per program), so the roof is the best of these and torch.sum
+READ_ROOF = ((8192, 4), (4096, 0), (8192, 0))
+
+
+def _read_roof_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_roof(w_ptr, out_ptr, numel, chunk, BLOCK: tl.constexpr):
+        """Sum of this program's ``chunk`` elements of w (a multiple of BLOCK), one float per program: every byte of
+        w read once, nothing else (no x, no products beyond one add per element)."""
+        start = tl.program_id(0).to(tl.int64) * chunk
+        acc = tl.zeros([BLOCK], tl.float32)
+        for off in range(0, chunk, BLOCK):
+            idx = start + off + tl.arange(0, BLOCK)
+            acc += tl.load(w_ptr + idx, mask=idx < numel, other=0.0).to(tl.float32)
+        tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+    return read_roof
+
+
+def num_sms() -> int:
+    return 2 if SMOKE else torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def read_sides() -> dict:
+    """{label: (BLOCK, programs per SM)} of the read roof's configurations (None: torch.sum of W in float32)."""
+    if SMOKE:
+        return {"read b64x2": (64, 2), "read b64": (64, 0), "read torch.sum": None}
+    return {f"read b{b}" + (f"x{p}" if p else ""): (b, p) for b, p in READ_ROOF} | {"read torch.sum": None}
+
+
 def reference(op, rows):
     """float64 result of ``op`` on its inputs of ``rows`` rows (the fused op: silu(gate) * up)."""
     ref = op.x[rows].double() @ op.w[0].double().T
@@ -189,16 +229,24 @@ def run_variants(ops, target, copy_gbps, rows_list=(VARIANT_ROWS,), tries=None):
             sides = {"table": table, **variant_sides(table, rows, tries or {})}
             calls = {"platform": op.platform(rows)}
             calls.update({name: op.triton(rows, cfg) for name, cfg in sides.items()})
+            reads = read_sides() if rows == rows_list[0] else {}  # W's bytes alone: once per shape
+            calls.update({name: op.read(*(bp or ())) for name, bp in reads.items()})
             t = timed(calls, op.copies)
             ref = reference(op, rows)
             gb = op.bytes(rows) / 1e9
             best = min(sides, key=lambda name: t[name])
             for name, fn in calls.items():
-                pct = 100 * gb / (t[name] * 1e-6) / copy_gbps
+                read = reads.get(name)
+                # the read roof moves W's bytes only; its % copy counts those
+                pct = 100 * (2 * op.n * op.k / 1e9 if name in reads else gb) / (t[name] * 1e-6) / copy_gbps
+                if name in reads:
+                    config = {"BLOCK": read[0], "programs_per_sm": read[1]} if read else {"torch.sum": "float32"}
+                else:
+                    config = sides.get(name)
                 out.append({"op": op.name, "n": op.n, "k": op.k, "silu_mul": op.silu, "rows": rows, "side": name,
-                            "config": sides.get(name), "us": round(t[name], 2), "pct": pct,
+                            "config": config, "us": round(t[name], 2), "pct": pct,
                             "ratio": t[name] / t["platform"], "vs_table": t[name] / t["table"],
-                            "err": rel_error(fn(0), ref), "best": name == best})
+                            "err": None if name in reads else rel_error(fn(0), ref), "best": name == best})
             del ref
             log(f"{op.name} rows {rows}: platform {t['platform']:.1f} us, table {t['table']:.1f} us, best {best} "
                 f"{t[best]:.1f} us")
@@ -218,25 +266,35 @@ def variants_markdown(meta, rows):
            ("% copy = (W + x + out) bytes / time / copy bandwidth; /platform = time / platform time, /table = time / "
             "table time (< 1: faster); err = ||y - y64|| / ||y64||; table = launch_params' entry for the shape; "
             "plain / kS = the same tiles with the K loop plain / pipelined K_STAGES S deep; other sides: --try "
-            "options merged over the table's (config column); * = fastest GEMV side."),
+            "options merged over the table's (config column); * = fastest GEMV side; read bBxP = the read roof, a "
+            "Triton kernel that only streams W (P programs per SM, B elements a step; no xP: one program per B "
+            "elements), read torch.sum = torch's float32 sum of W; timed once per shape in the first rows' call, "
+            "% copy of W's bytes."),
            "",
            "| GEMM | N x K | rows | side | us | % copy | /platform | /table | err | config |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cfg = " ".join(f"{k}={v}" for k, v in r["config"].items()) if r["config"] else "F.linear"
         star = " *" if r["best"] else ""
+        err = "-" if r["err"] is None else f"{r['err']:.1e}"
         out.append(f"| {r['op']} | {r['n']}x{r['k']} | {r['rows']} | {r['side']}{star} | {r['us']:.1f} | "
-                   f"{r['pct']:.0f}% | {r['ratio']:.3f} | {r['vs_table']:.3f} | {r['err']:.1e} | {cfg} |")
-    out += ["", "Best GEMV side per shape (a per-shape K_STAGES entry pays where /table is clearly below 1):", "",
-            "| GEMM | N x K | rows | best | % copy | /platform | /table | table % copy | platform % copy |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    by_key = {}
+                   f"{r['pct']:.0f}% | {r['ratio']:.3f} | {r['vs_table']:.3f} | {err} | {cfg} |")
+    out += ["", "Best GEMV side per shape (a per-shape K_STAGES entry pays where /table is clearly below 1; read roof = "
+            "the best read bBxP side of the shape):", "",
+            "| GEMM | N x K | rows | best | % copy | /platform | /table | table % copy | platform % copy | read roof % copy |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    by_key, roof = {}, {}
     for r in rows:
-        by_key.setdefault((r["op"], r["n"], r["k"], r["rows"]), {})[r["side"]] = r
+        if r["err"] is None:  # a read roof side
+            roof[(r["op"], r["n"], r["k"])] = max(roof.get((r["op"], r["n"], r["k"]), 0.0), r["pct"])
+        else:
+            by_key.setdefault((r["op"], r["n"], r["k"], r["rows"]), {})[r["side"]] = r
     for (op, n, k, nrows), sides in by_key.items():
         best = next(r for r in sides.values() if r["best"])
+        read = roof.get((op, n, k))
         out.append(f"| {op} | {n}x{k} | {nrows} | {best['side']} | {best['pct']:.0f}% | {best['ratio']:.3f} | "
-                   f"{best['vs_table']:.3f} | {sides['table']['pct']:.0f}% | {sides['platform']['pct']:.0f}% |")
+                   f"{best['vs_table']:.3f} | {sides['table']['pct']:.0f}% | {sides['platform']['pct']:.0f}% | "
+                   f"{'-' if read is None else f'{read:.0f}%'} |")
     return "\n".join(out) + "\n"
 
 
@@ -262,6 +320,23 @@ class Op:
 
         x = self.x[rows]
         return lambda i: gemv(x, self.w[i], None, silu_mul=self.silu, config=cfg)
+
+    def read(self, block: int | None = None, per_sm: int = 0):
+        """The read roof: each copy of W streamed once by ``per_sm`` programs per SM, ``block`` elements a step
+        (per_sm 0: one program per ``block`` elements); block None: torch.sum in float32."""
+        if block is None:
+            return lambda i: self.w[i].sum(dtype=torch.float32).view(1)
+        kernel = _read_roof_kernel()
+        numel = self.n * self.k
+        programs = num_sms() * per_sm if per_sm else -(-numel // block)
+        chunk = -(-numel // (programs * block)) * block
+        out = torch.empty(programs, dtype=torch.float32, device=DEV)
+
+        def run(i):
+            kernel[(programs,)](self.w[i], out, numel, chunk, BLOCK=block, num_warps=1 if SMOKE else 8)
+            return out  # per-program sums: they add up to W's sum
+
+        return run
 
     def platform(self, rows):
         from .silu_mul import silu_and_mul
