@@ -223,8 +223,10 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     seconds = time.perf_counter() - t0
     log.info("vllm-dcu: prefill attention kernel ready (%s KV, block %d, %d/%d heads x %d) in %.1f s",
              kv_quant or str(dtype).replace("torch.", ""), block_size, num_heads_q, num_heads_kv, head_size, seconds)
-    if mirror is not None:
-        env = _mirror_api().MIRROR_ENV
+    env = _mirror_api().MIRROR_ENV
+    if mirror == 0:
+        log.info("vllm-dcu: 8-bit prefill mirror off (%s=0): prefill reads the 8-bit cache directly", env)
+    elif mirror is not None:
         source = f"from {env}" if os.environ.get(env, "").strip() else f"for max_model_len {max_model_len}"
         log.info("vllm-dcu: 8-bit prefill mirror of %d tokens (%.0f MiB beside the KV cache), %s", mirror,
                  mirror_bytes(mirror, num_heads_kv, head_size) / 2**20, source)

@@ -99,13 +99,15 @@ def test_read_roof_reads_every_element_of_w_once(monkeypatch):
     for name in ("SHAPES", "ROWS", "DEV", "SMOKE"):
         monkeypatch.setattr(bench, name, getattr(bench, name))
     bench.smoke_setup()
-    # chunks past W's end too; per_sm 0: one program per block; block None: torch.sum
+    # chunks past W's end too; programs_per_sm 0: one program per block; torch.sum
     for n, k, block, per_sm in [(6, 96, 64, 2), (7, 99, 32, 3), (40, 48, 256, 1), (7, 99, 64, 0), (6, 96, None, 0)]:
         op = bench.Op("t", n, k, False, 1 << 20)
-        sums = op.read(block, per_sm)(0)
+        cfg = {"BLOCK": block, "programs_per_sm": per_sm} if block else {"torch.sum": "float32"}
+        sums = op.read(cfg)(0)
         if block:
             assert sums.shape == (bench.num_sms() * per_sm if per_sm else -(-n * k // block),)
         assert abs(sums.double().sum().item() - op.w[0].double().sum().item()) < 1e-3
+    assert set(bench.read_sides()) == {"read b64x2", "read b64", "read torch.sum"}  # the smoke run's sides
 
 
 def test_smoke_variants_with_tries_time_the_named_options_per_row_bucket(tmp_path, monkeypatch):

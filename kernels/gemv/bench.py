@@ -28,8 +28,8 @@ merged over the table's entry of each row bucket, either one object for every bu
 ('f8k3={"DOT":0,"BLOCK_N":8,"BLOCK_K":512,"K_STAGES":3}') or one per bucket ('{"2":{...},"4":{...}}', buckets
 left out are not tried); --rows 1,2,4,8 and --shapes 5120x6144,... (N x K) choose the cases.
 Every shape's first call also times the read roof: a Triton kernel that only streams W's bytes (sums them), in
-three launch shapes (READ_ROOF), and torch.sum of W, so a GEMV's % of copy bandwidth can be read against what a plain read of the same
-bytes reaches at that size under the same timing (a small W's ramp-up and tail weigh more).
+three launch shapes (READ_ROOF), and torch.sum of W, so a GEMV's % of copy bandwidth can be read against what a
+plain read of the same bytes reaches at that size under the same timing (a small W's ramp-up and tail weigh more).
 """
 import argparse
 import datetime
@@ -166,10 +166,11 @@ def num_sms() -> int:
 
 
 def read_sides() -> dict:
-    """{label: (BLOCK, programs per SM)} of the read roof's configurations (None: torch.sum of W in float32)."""
-    if SMOKE:
-        return {"read b64x2": (64, 2), "read b64": (64, 0), "read torch.sum": None}
-    return {f"read b{b}" + (f"x{p}" if p else ""): (b, p) for b, p in READ_ROOF} | {"read torch.sum": None}
+    """{label: config} of the read roof's sides: {"BLOCK": b, "programs_per_sm": p} for the Triton read,
+    {"torch.sum": "float32"} for torch's."""
+    shapes = ((64, 2), (64, 0)) if SMOKE else READ_ROOF
+    sides = {f"read b{b}" + (f"x{p}" if p else ""): {"BLOCK": b, "programs_per_sm": p} for b, p in shapes}
+    return sides | {"read torch.sum": {"torch.sum": "float32"}}
 
 
 def reference(op, rows):
@@ -230,21 +231,16 @@ def run_variants(ops, target, copy_gbps, rows_list=(VARIANT_ROWS,), tries=None):
             calls = {"platform": op.platform(rows)}
             calls.update({name: op.triton(rows, cfg) for name, cfg in sides.items()})
             reads = read_sides() if rows == rows_list[0] else {}  # W's bytes alone: once per shape
-            calls.update({name: op.read(*(bp or ())) for name, bp in reads.items()})
+            calls.update({name: op.read(cfg) for name, cfg in reads.items()})
             t = timed(calls, op.copies)
             ref = reference(op, rows)
             gb = op.bytes(rows) / 1e9
             best = min(sides, key=lambda name: t[name])
             for name, fn in calls.items():
-                read = reads.get(name)
                 # the read roof moves W's bytes only; its % copy counts those
                 pct = 100 * (2 * op.n * op.k / 1e9 if name in reads else gb) / (t[name] * 1e-6) / copy_gbps
-                if name in reads:
-                    config = {"BLOCK": read[0], "programs_per_sm": read[1]} if read else {"torch.sum": "float32"}
-                else:
-                    config = sides.get(name)
                 out.append({"op": op.name, "n": op.n, "k": op.k, "silu_mul": op.silu, "rows": rows, "side": name,
-                            "config": config, "us": round(t[name], 2), "pct": pct,
+                            "config": reads.get(name) or sides.get(name), "us": round(t[name], 2), "pct": pct,
                             "ratio": t[name] / t["platform"], "vs_table": t[name] / t["table"],
                             "err": None if name in reads else rel_error(fn(0), ref), "best": name == best})
             del ref
@@ -280,7 +276,7 @@ def variants_markdown(meta, rows):
         out.append(f"| {r['op']} | {r['n']}x{r['k']} | {r['rows']} | {r['side']}{star} | {r['us']:.1f} | "
                    f"{r['pct']:.0f}% | {r['ratio']:.3f} | {r['vs_table']:.3f} | {err} | {cfg} |")
     out += ["", "Best GEMV side per shape (a per-shape K_STAGES entry pays where /table is clearly below 1; read roof = "
-            "the best read bBxP side of the shape):", "",
+            "the best read side of the shape):", "",
             "| GEMM | N x K | rows | best | % copy | /platform | /table | table % copy | platform % copy | read roof % copy |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     by_key, roof = {}, {}
@@ -321,11 +317,12 @@ class Op:
         x = self.x[rows]
         return lambda i: gemv(x, self.w[i], None, silu_mul=self.silu, config=cfg)
 
-    def read(self, block: int | None = None, per_sm: int = 0):
-        """The read roof: each copy of W streamed once by ``per_sm`` programs per SM, ``block`` elements a step
-        (per_sm 0: one program per ``block`` elements); block None: torch.sum in float32."""
-        if block is None:
+    def read(self, config: dict):
+        """A read roof side (read_sides): each copy of W streamed once by ``programs_per_sm`` programs per SM,
+        ``BLOCK`` elements a step (programs_per_sm 0: one program per BLOCK elements), or torch.sum in float32."""
+        if "torch.sum" in config:
             return lambda i: self.w[i].sum(dtype=torch.float32).view(1)
+        block, per_sm = config["BLOCK"], config["programs_per_sm"]
         kernel = _read_roof_kernel()
         numel = self.n * self.k
         programs = num_sms() * per_sm if per_sm else -(-numel // block)
