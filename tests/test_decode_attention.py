@@ -484,6 +484,24 @@ def test_split_round_down_never_launches_more_programs_than_the_target(batch, up
     assert batch * 4 * down <= 264 or down == 1
 
 
+def test_a_width_may_set_its_own_programs_per_cu(params, monkeypatch):
+    # the plan of 8-bit caches with kv8.programs_per_cu 3, bf16's with the entry's 2 (132 SMs, batch 4, 4 kv heads)
+    import importlib
+
+    da = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
+    monkeypatch.setattr(launch_params, "current_target", lambda device=None: "sm90")
+    monkeypatch.setattr(da, "num_compute_units", lambda device: 132)
+    _plan, split_kernel_launch = da._plan, da.split_kernel_launch
+    params(kv8={"programs_per_cu": 3})
+    cpu = torch.device("cpu")
+    launch8, splits8, _ = _plan(4, 24, 4, 256, cpu, None, kv8=True)
+    launch16, splits16, _ = _plan(4, 24, 4, 256, cpu, None, kv8=False)
+    assert (splits8, splits16) == (24, 17)  # 396 // 16 rows (split_round down) and ceil(264 / 16)
+    assert "programs_per_cu" not in split_kernel_launch(launch8, 1552, 2)[1]  # host-side only, never a Triton option
+    with pytest.raises(ValueError, match="kv8.programs_per_cu must be a positive integer"):
+        launch_params.get_params("sm90", override='{"kv8": {"programs_per_cu": 0}}')
+
+
 def test_split_round_down_gives_the_reference_output_and_its_workspace(params):
     params(kv8={"split_round": "down", "page_loop": 1, "BLOCK_N": 32})
     case = make_case([300, 47, 128], block_size=48, hkv=2, hq=4, kv_quant="int8", seed=8)

@@ -462,6 +462,7 @@ def split_kernel_launch(launch: dict, block_size: int, kv_quant: int) -> tuple[d
     entry also serves fp8 caches)."""
     options = dict(launch)
     options.pop("split_round", None)
+    options.pop("programs_per_cu", None)
     block_n = options.pop("BLOCK_N")
     early_convert = options.pop("early_convert", 2)
     consts = dict(BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
@@ -477,7 +478,9 @@ def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8):
     launch = dict(entry["kv8" if kv8 else "kv16"])
     round_down = launch.pop("split_round", "up") == "down"
     if num_splits is None:
-        splits = launch_params.num_splits(batch, num_kv_heads, num_compute_units(device), entry, round_down)
+        per_cu = {"programs_per_cu": launch.pop("programs_per_cu", entry["programs_per_cu"])}  # this width's own
+        splits = launch_params.num_splits(batch, num_kv_heads, num_compute_units(device), {**entry, **per_cu},
+                                          round_down)
         min_split = entry["min_split_tokens"]
     else:
         splits, min_split = int(num_splits), 1  # exactly min(num_splits, tiles) splits per sequence

@@ -27,6 +27,9 @@ Keys of an entry:
               read inside the tile loop it keeps one tile in flight whatever num_stages says); tiles
               never cross a page, a page's last tile overlaps the one before; needs block_size >=
               BLOCK_N, else off;
+              programs_per_cu (inside kv16 / kv8): this width's own value of the entry's programs_per_cu,
+              for the split plan only (an 8-bit entry's shared memory may leave room for fewer or more
+              programs per compute unit than the bf16 one's);
   lds_limit   bytes of LDS one workgroup may use on ROCm; the launcher rejects a configuration
               whose estimate (lds_bytes) exceeds it, naming the knobs to lower.
 
@@ -45,6 +48,7 @@ _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
 _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
                 "page_loop", "split_round", "int8_qk")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
+_WIDTH_SPLIT_KEYS = ("programs_per_cu",)  # split keys a kv16 / kv8 entry may set for its own plan
 _KV8_ONLY = ("early_convert", "int8_qk")
 
 # DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
@@ -127,8 +131,9 @@ def _parse_override(text: str) -> dict:
     override = parse_override_object(ENV_VAR, text, set(_SPLIT_KEYS) | set(_LAUNCH_KEYS) | {"kv16", "kv8"})
     for sub in ("kv16", "kv8"):
         if sub in override:
-            if not isinstance(override[sub], dict) or set(override[sub]) - set(_LAUNCH_KEYS):
-                raise ValueError(f"{ENV_VAR}: '{sub}' must be an object with keys from {list(_LAUNCH_KEYS)}")
+            keys = list(_LAUNCH_KEYS) + list(_WIDTH_SPLIT_KEYS)
+            if not isinstance(override[sub], dict) or set(override[sub]) - set(keys):
+                raise ValueError(f"{ENV_VAR}: '{sub}' must be an object with keys from {keys}")
     return override
 
 
