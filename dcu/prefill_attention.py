@@ -1,6 +1,6 @@
 """Route unified attention's launches with prefill to vllm.dcu_kernels.prefill_attention, and warm it at start.
 
-Patch 0006's hooks call the two public names here:
+Patch 0006's hooks call the three public names here:
 
 * ``route_unified_attention(upstream)`` wraps ``triton_unified_attention.unified_attention``: a launch with prefill
   (``max_seqlen_q > 1``: prefill chunks and mixed batches, decode rows included) whose features the kernel covers
@@ -8,13 +8,15 @@ Patch 0006's hooks call the two public names here:
   fused output quantization, per-tensor fp8 caches, head sizes over 256, batch-invariant mode) goes to upstream
   unchanged. ``VLLM_DCU_PREFILL_ATTN=0`` sends everything to upstream.
 * ``warmup(...)`` runs the kernel once on a small batch with the engine's cache layout when the attention
-  metadata builder is made (after the KV cache exists, before CUDA graphs are captured), so the one Triton
+  metadata builder is made (after vLLM's memory profile, before CUDA graphs are captured), so the one Triton
   specialization a request can meet is compiled before the engine serves: the kernel specializes on nothing
   that changes between requests (chunk lengths, history lengths, batch size are runtime values).
-  With an 8-bit cache it also sizes the kernel's 16-bit mirror from the engine's max_model_len
-  (``engine_mirror_tokens``) and allocates it, so a sequence of any allowed length takes the mirror (a longer
-  one would read the 8-bit cache directly, ~2.4x the mirror's attention time) and a mirror that does not fit
-  fails at startup, not at the first long request.
+* ``reserve_mirror(...)``, called when each attention layer's impl is made (while vLLM builds the model, before its
+  memory profile): with an 8-bit cache it sizes the kernel's 16-bit mirror from the engine's max_model_len
+  (``engine_mirror_tokens``) and allocates it, so vLLM counts it with the model's memory and sizes the KV cache
+  around it; a sequence of any allowed length takes the mirror (a longer one would read the 8-bit cache directly,
+  ~2.4x the mirror's attention time), and a mirror that does not fit fails at startup, not at the first long
+  request.
 
 No vLLM import at module level: the routing rules are tested without a vLLM tree.
 """
@@ -81,7 +83,56 @@ def mirror_bytes(tokens: int, num_heads_kv: int, head_size: int) -> int:
     return tokens * num_heads_kv * (2 * 2 * head_size + 4)
 
 
-_ENGINE_MIRROR: dict = {}  # "tokens": the size warmup chose for this process's engine (absent: the kernel's default)
+_ENGINE_MIRROR: dict = {}  # "tokens": the size chosen for this process's engine (absent: the kernel's default)
+
+
+def _mirror_does_not_fit(tokens: int, num_heads_kv: int, head_size: int, max_model_len) -> RuntimeError:
+    mib = mirror_bytes(tokens, num_heads_kv, head_size) / 2**20
+    return RuntimeError(
+        f"vllm-dcu: the 8-bit KV cache's prefill mirror ({tokens} tokens, {mib:.0f} MiB, sized from max_model_len "
+        f"{max_model_len}) does not fit in GPU memory: lower --gpu-memory-utilization or --max-model-len, or set "
+        f"{_mirror_api().MIRROR_ENV} to fewer tokens (0: no mirror; sequences longer than the mirror read the 8-bit "
+        "cache directly, ~2.4x the attention time)")
+
+
+def _covered(num_heads_q: int, num_heads_kv: int, head_size: int, max_group: int) -> bool:
+    return head_size <= MAX_HEAD_SIZE and num_heads_q % num_heads_kv == 0 and num_heads_q // num_heads_kv <= max_group
+
+
+def reserve_mirror(num_heads_q: int, num_heads_kv: int, head_size: int, cache_dtype: str,
+                   max_model_len: int | None = None) -> int | None:
+    """Allocate the 16-bit mirror of an 8-bit cache for this engine now; its size in tokens, or None when the
+    prefill kernel will not need one (kernel off, not an 8-bit per-token-head cache, a shape it does not cover, no
+    GPU). Patch 0006 calls it from TritonAttentionImpl.__init__, i.e. while vLLM builds the model: allocated there,
+    the mirror counts as model memory in vLLM's memory profile, and the KV cache is sized around it.
+    max_model_len: None reads it from vLLM's current config. The buffer is allocated once per process and shape;
+    later calls (every attention layer makes an impl) return the same size."""
+    if not enabled() or not torch.cuda.is_available():
+        return None
+    _, max_group, layout = _kernels()
+    if layout.kv_quant_kind(cache_dtype) is None or not _covered(num_heads_q, num_heads_kv, head_size, max_group):
+        return None
+    if max_model_len is None:
+        from vllm.config import get_current_vllm_config
+
+        max_model_len = get_current_vllm_config().model_config.max_model_len
+    tokens = engine_mirror_tokens(max_model_len)
+    mod = _mirror_api()
+    if tokens >= mod.MIRROR_PAGE:
+        try:
+            mod._mirror_buffer(torch.device("cuda", torch.cuda.current_device()), num_heads_kv, head_size, tokens)
+        except torch.OutOfMemoryError as e:
+            raise _mirror_does_not_fit(tokens, num_heads_kv, head_size, max_model_len) from e
+    if _ENGINE_MIRROR.get("tokens") != tokens:
+        _ENGINE_MIRROR["tokens"] = tokens
+        env = mod.MIRROR_ENV
+        if tokens == 0:
+            log.info("vllm-dcu: 8-bit prefill mirror off (%s=0): prefill reads the 8-bit cache directly", env)
+        else:
+            source = f"from {env}" if os.environ.get(env, "").strip() else f"for max_model_len {max_model_len}"
+            log.info("vllm-dcu: 8-bit prefill mirror of %d tokens (%.0f MiB, counted with the model's memory), %s",
+                     tokens, mirror_bytes(tokens, num_heads_kv, head_size) / 2**20, source)
+    return tokens
 
 
 def unsupported(kw: dict) -> str | None:
@@ -169,9 +220,11 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     kv_quant = layout.kv_quant_kind(cache_dtype)
     if kv_quant is None and cache_dtype not in ("auto", "bfloat16", "float16"):
         return None
-    if num_heads_q % num_heads_kv or num_heads_q // num_heads_kv > max_group:
+    if not _covered(num_heads_q, num_heads_kv, head_size, max_group):
         return None
-    mirror = engine_mirror_tokens(max_model_len) if kv_quant is not None else None
+    mirror = None
+    if kv_quant is not None:  # the size reserve_mirror chose (and allocated) while the model was built, if it ran
+        mirror = _ENGINE_MIRROR.get("tokens", engine_mirror_tokens(max_model_len))
     key = (num_heads_q, num_heads_kv, head_size, dtype, kv_quant, block_size, device, mirror)
     if key in _WARM:
         return 0.0
@@ -205,15 +258,10 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     try:
         prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant,
                           max_seqlen_k=max(lens), mirror=mirror, **scales)
-    except torch.OutOfMemoryError as e:
+    except torch.OutOfMemoryError as e:  # a mirror reserve_mirror did not allocate (warmup outside an engine)
         if not mirror:
             raise
-        mib = mirror_bytes(mirror, num_heads_kv, head_size) / 2**20
-        raise RuntimeError(
-            f"vllm-dcu: the 8-bit KV cache's prefill mirror ({mirror} tokens, {mib:.0f} MiB, sized from "
-            f"max_model_len {max_model_len}) does not fit beside the KV cache: lower --gpu-memory-utilization or "
-            f"--max-model-len, or set {_mirror_api().MIRROR_ENV} to fewer tokens (0: no mirror; sequences longer "
-            "than the mirror read the 8-bit cache directly, ~2.4x the attention time)") from e
+        raise _mirror_does_not_fit(mirror, num_heads_kv, head_size, max_model_len) from e
     if mirror is not None:
         _ENGINE_MIRROR["tokens"] = mirror
     torch.cuda.synchronize(device)
@@ -223,11 +271,4 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     seconds = time.perf_counter() - t0
     log.info("vllm-dcu: prefill attention kernel ready (%s KV, block %d, %d/%d heads x %d) in %.1f s",
              kv_quant or str(dtype).replace("torch.", ""), block_size, num_heads_q, num_heads_kv, head_size, seconds)
-    env = _mirror_api().MIRROR_ENV
-    if mirror == 0:
-        log.info("vllm-dcu: 8-bit prefill mirror off (%s=0): prefill reads the 8-bit cache directly", env)
-    elif mirror is not None:
-        source = f"from {env}" if os.environ.get(env, "").strip() else f"for max_model_len {max_model_len}"
-        log.info("vllm-dcu: 8-bit prefill mirror of %d tokens (%.0f MiB beside the KV cache), %s", mirror,
-                 mirror_bytes(mirror, num_heads_kv, head_size) / 2**20, source)
     return seconds

@@ -102,6 +102,59 @@ def test_mirror_bytes_at_qwen35_shape():
     assert route.mirror_bytes(32768, 4, 256) == 32768 * 4 * (4 * 256 + 4)  # ~128.5 MiB
 
 
+@pytest.fixture
+def fake_gpu_mirror(monkeypatch):
+    """reserve_mirror on the CPU: torch.cuda reports a device, the kernel module's _mirror_buffer records its calls
+    (or raises what ``calls.raise_`` holds)."""
+    import importlib
+
+    class Calls(list):
+        raise_ = None
+
+    mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
+    calls = Calls()
+
+    def buffer(device, hkv, d, tokens):
+        if calls.raise_ is not None:
+            raise calls.raise_
+        calls.append((str(device), hkv, d, tokens))
+    monkeypatch.setattr(route, "_mirror_api", lambda: mod)
+    monkeypatch.setattr(mod, "_mirror_buffer", buffer)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(route, "_ENGINE_MIRROR", {})
+    monkeypatch.delenv(route.ENV_VAR, raising=False)
+    monkeypatch.delenv(mod.MIRROR_ENV, raising=False)
+    return calls
+
+
+def test_reserve_mirror_allocates_one_mirror_of_max_model_len_for_8bit_caches(fake_gpu_mirror, monkeypatch):
+    assert route.reserve_mirror(HQ, HKV, D, "auto", max_model_len=40000) is None  # bf16: no mirror
+    assert route.reserve_mirror(HQ, HKV, 512, "int8_per_token_head", max_model_len=40000) is None  # not covered
+    for _ in range(2):  # every attention layer makes an impl: one size, one buffer (the kernel caches it per shape)
+        assert route.reserve_mirror(HQ, HKV, D, "int8_per_token_head", max_model_len=40000) == 40192
+    assert fake_gpu_mirror == [("cuda:0", HKV, D, 40192)] * 2 and route._ENGINE_MIRROR == {"tokens": 40192}
+    monkeypatch.setenv("VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS", "0")
+    assert route.reserve_mirror(HQ, HKV, D, "fp8_per_token_head", max_model_len=40000) == 0  # off: nothing allocated
+    assert len(fake_gpu_mirror) == 2 and route._ENGINE_MIRROR == {"tokens": 0}
+
+
+def test_reserve_mirror_that_does_not_fit_fails_naming_the_knobs(fake_gpu_mirror):
+    fake_gpu_mirror.raise_ = torch.OutOfMemoryError("CUDA out of memory")
+    with pytest.raises(RuntimeError, match=r"prefill mirror \(1048576 tokens, 4112 MiB, sized from max_model_len "
+                                           r"1048576\) does not fit .*--gpu-memory-utilization or --max-model-len"):
+        route.reserve_mirror(HQ * 2, 4, 256, "int8_per_token_head", max_model_len=1 << 20)
+    assert route._ENGINE_MIRROR == {}
+
+
+def test_reserve_mirror_reads_max_model_len_from_vllm_config(fake_gpu_mirror, vllm_tree, monkeypatch):
+    import vllm.config
+
+    cfg = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=50000))
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda: cfg)
+    assert route.reserve_mirror(HQ, HKV, D, "int8_per_token_head") == 50176
+
+
 def test_router_passes_the_engine_mirror_size_to_the_kernel(monkeypatch):
     seen = []
     fake = lambda *a, **kw: seen.append(kw.get("mirror"))  # noqa: E731
@@ -229,6 +282,17 @@ def test_metadata_builder_warms_the_kernel_with_the_engine_shape(vllm_tree, monk
                                                fake_vllm_config("int8_per_token_head"), torch.device("cpu"))
     assert seen == [((HQ, HKV, D, torch.bfloat16, "int8_per_token_head", BS, torch.device("cpu")),
                      {"max_model_len": 40000})]
+
+
+def test_attention_impl_reserves_the_mirror_with_the_layer_shape(vllm_tree, monkeypatch):
+    import vllm.dcu.prefill_attention as tree_route
+    from vllm.v1.attention.backends import triton_attn
+
+    seen = []
+    monkeypatch.setattr(tree_route, "reserve_mirror", lambda *a, **kw: seen.append((a, kw)))
+    triton_attn.TritonAttentionImpl(num_heads=HQ, head_size=D, scale=D**-0.5, num_kv_heads=HKV, alibi_slopes=None,
+                                    sliding_window=None, kv_cache_dtype="int8_per_token_head")
+    assert seen == [((HQ, HKV, D, "int8_per_token_head"), {})]
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])

@@ -4,8 +4,8 @@ Chunk lengths 1, 17, 4095 and 4096; histories off the page grid; several prefill
 shuffled pages of 784 (bf16) and 1552 (8-bit) tokens; bf16, int8 and fp8 (hardware and software e4m3) caches,
 through the 16-bit mirror and read directly;
 finite outputs for extreme finite inputs; the router's warmup compiles the only specialization, so varied
-batches afterwards compile nothing; the engine's mirror holds a sequence of max_model_len, or warmup fails naming
-the knobs. Tolerances as in tests/test_prefill_attention.py (P and the output are
+batches afterwards compile nothing; the engine's mirror (reserved with the model) holds a sequence of
+max_model_len, or startup fails naming the knobs. Tolerances as in tests/test_prefill_attention.py (P and the output are
 rounded to bf16; 8-bit caches are compared on their dequantized values).
 """
 import importlib
@@ -169,16 +169,21 @@ def _router_kwargs(case):
 
 
 def test_engine_mirror_holds_a_sequence_of_max_model_len(monkeypatch):
-    # max_model_len 40000: warmup sizes the mirror at 40192 tokens, so a 256-token chunk after 36000 tokens of
-    # history (beyond the default 32768-token mirror) goes through the mirror, not the direct path
+    # max_model_len 40000: the impl's reserve_mirror sizes the mirror at 40192 tokens (and allocates it), warmup
+    # uses that size, so a 256-token chunk after 36000 tokens of history (beyond the default 32768-token mirror)
+    # goes through the mirror, not the direct path
     from kernels.kv_quant import layout
     from kernels.prefill_attention import MAX_GROUP
 
     monkeypatch.setattr(route, "_kernels", lambda: (prefill_attention, MAX_GROUP, layout))
     monkeypatch.setattr(route, "_ENGINE_MIRROR", {})
     monkeypatch.delenv(pa_module.MIRROR_ENV, raising=False)
-    route.warmup(HQ, HKV, D, torch.bfloat16, "int8_per_token_head", BLOCK["int8"], DEV, max_model_len=40000)
+    monkeypatch.setattr(route, "_mirror_api", lambda: pa_module)
+    assert route.reserve_mirror(HQ, HKV, D, "int8_per_token_head", max_model_len=40000) == 40192
+    allocated = torch.cuda.memory_allocated()
+    route.warmup(HQ, HKV, D, torch.bfloat16, "int8_per_token_head", BLOCK["int8"], DEV)  # no max_model_len: reserved
     assert route._ENGINE_MIRROR == {"tokens": 40192}
+    assert torch.cuda.memory_allocated() - allocated < 64 << 20, "warmup allocated a second mirror (157 MiB)"
     case = make_case([(256, 36000)], kv_quant="int8", seed=21)
     kw = _router_kwargs(case)
     route.route_unified_attention(lambda **_: pytest.fail("reached upstream"))(**kw)
@@ -192,8 +197,11 @@ def test_engine_mirror_that_does_not_fit_fails_at_warmup_naming_the_knobs(monkey
     from kernels.prefill_attention import MAX_GROUP
 
     monkeypatch.setattr(route, "_kernels", lambda: (prefill_attention, MAX_GROUP, layout))
+    monkeypatch.setattr(route, "_mirror_api", lambda: pa_module)
     monkeypatch.setattr(route, "_ENGINE_MIRROR", {})
     monkeypatch.delenv(pa_module.MIRROR_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="prefill mirror .* does not fit .*VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS"):
+        route.reserve_mirror(HQ, HKV, D, "int8_per_token_head", max_model_len=2**30)  # as vLLM builds the model
     with pytest.raises(RuntimeError, match="prefill mirror .* does not fit .*VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS"):
         route.warmup(HQ, HKV, D, torch.bfloat16, "int8_per_token_head", BLOCK["int8"], DEV, max_model_len=2**30)
     assert route._ENGINE_MIRROR == {}
