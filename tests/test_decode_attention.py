@@ -428,6 +428,8 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     ('{"kv16": {"early_convert": 1}}', "early_convert applies to kv8 only"),
     ('{"early_convert": 3}', "kv8.early_convert must be 0, 1 or 2"),
     ('{"kv8": {"page_loop": 2}}', "kv8.page_loop must be 0 or 1"),
+    ('{"kv8": {"page_loop": true}}', "kv8.page_loop must be 0 or 1"),  # JSON true is not 1, for every key
+    ('{"num_warps": true}', "num_warps must be a positive integer"),
     ('{"kv8": {"int8_qk": 2}}', "kv8.int8_qk must be 0 or 1"),
     ('{"kv16": {"int8_qk": 1}}', "int8_qk applies to kv8 only"),
     ('{"split_round": "nearest"}', 'kv16.split_round must be "up" or "down"'),

@@ -50,6 +50,9 @@ _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_in
                 "page_loop", "split_round", "int8_qk")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 _WIDTH_SPLIT_KEYS = ("programs_per_cu",)  # split keys a kv16 / kv8 entry may set for its own plan
+# launch keys that take one of a few values: (allowed, how the error names them)
+_CHOICES = {"early_convert": ((0, 1, 2), "0, 1 or 2"), "int8_qk": ((0, 1), "0 or 1"), "page_loop": ((0, 1), "0 or 1"),
+            "split_round": (("up", "down"), '"up" or "down"')}
 _KV8_ONLY = ("early_convert", "int8_qk")
 
 # DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
@@ -144,19 +147,13 @@ def _check_ints(entry: dict, where: str):
             raise ValueError(f"{where}: {key} must be a positive integer, got {entry[key]!r}")
     for sub in ("kv16", "kv8"):
         for key, val in entry[sub].items():
-            if key in _KV8_ONLY:
-                if sub != "kv8":
-                    raise ValueError(f"{where}: {key} applies to kv8 only")
-                allowed, text = ((0, 1, 2), "0, 1 or 2") if key == "early_convert" else ((0, 1), "0 or 1")
-                if val not in allowed or isinstance(val, bool):
-                    raise ValueError(f"{where}: kv8.{key} must be {text}, got {val!r}")
-            elif key == "split_round":
-                if val not in ("up", "down"):
-                    raise ValueError(f"{where}: {sub}.split_round must be \"up\" or \"down\", got {val!r}")
-            elif key == "page_loop":
-                if val not in (0, 1):
-                    raise ValueError(f"{where}: {sub}.page_loop must be 0 or 1, got {val!r}")
-            elif not isinstance(val, int) or val < (0 if key == "waves_per_eu" else 1):
+            if key in _KV8_ONLY and sub != "kv8":
+                raise ValueError(f"{where}: {key} applies to kv8 only")
+            if key in _CHOICES:
+                allowed, text = _CHOICES[key]
+                if val not in allowed or isinstance(val, bool):  # JSON true is not 1
+                    raise ValueError(f"{where}: {sub}.{key} must be {text}, got {val!r}")
+            elif isinstance(val, bool) or not isinstance(val, int) or val < (0 if key == "waves_per_eu" else 1):
                 raise ValueError(f"{where}: {sub}.{key} must be a positive integer, got {val!r}")
         bn = entry[sub]["BLOCK_N"]
         if bn < 16 or bn & (bn - 1):
