@@ -559,6 +559,27 @@ def test_bench_summary_gives_geomeans_against_bf16_the_table_and_an_earlier_run(
     assert "baseline_bf16" not in table
 
 
+def test_bench_cost_table_splits_time_into_per_token_and_fixed_parts(tmp_path, capsys):
+    from kernels.decode_attention import bench
+
+    # bf16: 10 us + 2 us per 1K tokens; int8: 12 us + 1.1 us per 1K at batch 1, one context at batch 4 (no fit)
+    rows = [dict(dtype="bf16", batch=1, ctx=c, us=10 + 2 * c / 1024) for c in (4096, 8192, 16384)]
+    rows += [dict(dtype="int8_pth", batch=1, ctx=c, us=12 + 1.1 * c / 1024) for c in (4096, 8192, 16384)]
+    rows += [dict(dtype="int8_pth", batch=4, ctx=4096, us=30.0), dict(dtype="baseline_bf16", batch=1, ctx=4096, us=1)]
+    per, fixed = bench.cost_fit([(4096, 18.0), (8192, 26.0)])
+    assert per == pytest.approx(2.0) and fixed == pytest.approx(10.0)
+    lines = bench.cost_markdown(rows).splitlines()
+    assert lines[0] == "| rows | batch 1: us / 1K tokens (x bf16) + fixed us | batch 4: us / 1K tokens (x bf16) + fixed us |"
+    assert lines[2:] == ["| bf16 | 2.00 + 10.0 | - |", "| int8_pth | 1.10 (0.55x) + 12.0 | - |"]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"rows": rows}))
+    bench.main(["--summary", str(path)])
+    assert "| int8_pth | 1.10 (0.55x) + 12.0 | - |" in capsys.readouterr().out
+    path.write_text("{}")
+    with pytest.raises(SystemExit, match="not a decode bench JSON"):
+        bench.main(["--summary", str(path)])
+
+
 def test_bench_compare_rejects_a_file_that_is_not_a_bench_json(tmp_path):
     from kernels.decode_attention import bench
 

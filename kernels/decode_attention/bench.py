@@ -378,12 +378,50 @@ def summary_markdown(rows, compare_rows=None, compare_label="compared"):
     return "\n".join(out) + "\n"
 
 
+def cost_fit(points):
+    """Least squares ``us = fixed + per_token x ctx`` over (ctx, us) points (two contexts at least): (us per 1024
+    tokens of context, fixed us)."""
+    n = len(points)
+    mx, my = sum(c for c, _ in points) / n, sum(t for _, t in points) / n
+    slope = sum((c - mx) * (t - my) for c, t in points) / sum((c - mx) ** 2 for c, _ in points)
+    return slope * 1024, my - slope * mx
+
+
+def cost_markdown(rows):
+    """Per row kind and batch, the time as a fixed part plus a part per token of context (least squares over the
+    run's contexts), the per-token part also over bf16's: 8-bit KV moves half the bytes per token, so ~0.5x there
+    means the tiles stream at bf16's bandwidth, and what the per-token ratio leaves to the total ratio is the fixed
+    part (launches, prologues, the merge)."""
+    times = {}
+    for r in rows:
+        if r["dtype"] != "baseline_bf16":
+            times.setdefault(r["dtype"], {}).setdefault(r["batch"], []).append((r["ctx"], r["us"]))
+    batches = sorted({b for t in times.values() for b in t})
+    fits = {kind: {b: cost_fit(pts) for b, pts in per.items() if len({c for c, _ in pts}) > 1}
+            for kind, per in times.items()}
+    head = ["rows", *(f"batch {b}: us / 1K tokens (x bf16) + fixed us" for b in batches)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for kind, fit in fits.items():
+        cells = []
+        for b in batches:
+            if b not in fit:
+                cells.append("-")
+                continue
+            per, fixed = fit[b]
+            bf = fits.get("bf16", {}).get(b)
+            cells.append(f"{per:.2f}" + (f" ({per / bf[0]:.2f}x)" if bf and kind != "bf16" else "") + f" + {fixed:.1f}")
+        out.append(f"| {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="skip the parameter sweep")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
     ap.add_argument("--dry-run", action="store_true", help="check the script on the CPU at toy shapes")
     ap.add_argument("--replot", metavar="JSON", help="only redraw the PNG of an earlier run's JSON (no GPU needed)")
+    ap.add_argument("--summary", metavar="JSON", help="only print the summary and cost tables of an earlier run's "
+                    "JSON (no GPU needed)")
     ap.add_argument("--tag", default="", help="appended to the output file names (keeps an earlier run of the day)")
     ap.add_argument("--kv8", action="append", default=[], metavar="LABEL=JSON",
                     help="with --quick: time the 8-bit rows with this kv8 entry too (repeatable)")
@@ -425,6 +463,14 @@ def main(argv=None):
         kv8_variants.append((label, cfg))
     if kv8_variants and not args.quick:
         sys.exit("error: --kv8 needs --quick (the sweep chooses its own kv8 entry)")
+    if args.summary:
+        try:
+            with open(args.summary) as f:
+                rows = json.load(f)["rows"]
+            print(summary_markdown(rows) + "\n" + cost_markdown(rows), end="")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"error: --summary {args.summary}: not a decode bench JSON ({e})")
+        return
     if args.replot:
         with open(args.replot) as f:
             data = json.load(f)
@@ -518,6 +564,7 @@ def main(argv=None):
     md += ("\nSummary (geometric means over the contexts; x table: a --kv8 entry's rows over the same dtype's "
            "rows with the table's entry" + (f"; x compared: over {args.compare}" if args.compare else "") + "):\n\n"
            + summary_markdown(rows, compare_rows))
+    md += "\nCost per token and fixed cost (least squares over the contexts, per batch):\n\n" + cost_markdown(rows)
     if not args.quick:
         md += f"\nSuggested `launch_params.PARAMS[{target!r}]` (from the sweep):\n\n```\n" \
               f"{json.dumps(meta['suggested_launch_params_entry'])}\n```\n"
