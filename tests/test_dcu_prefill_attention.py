@@ -118,6 +118,7 @@ def fake_gpu_mirror(monkeypatch):
         if calls.raise_ is not None:
             raise calls.raise_
         calls.append((str(device), hkv, d, tokens))
+
     monkeypatch.setattr(route, "_mirror_api", lambda: mod)
     monkeypatch.setattr(mod, "_mirror_buffer", buffer)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -163,7 +164,7 @@ def test_router_passes_the_engine_mirror_size_to_the_kernel(monkeypatch):
     monkeypatch.delenv(route.ENV_VAR, raising=False)
     wrapped = route.route_unified_attention(lambda **kw: "upstream")
     wrapped(**ua_kwargs())
-    route._ENGINE_MIRROR["tokens"] = 40192  # what warmup sets for max_model_len 40000 with an 8-bit cache
+    route._ENGINE_MIRROR["tokens"] = 40192  # what reserve_mirror sets for max_model_len 40000 with an 8-bit cache
     wrapped(**ua_kwargs())
     assert seen == [None, 40192]
 

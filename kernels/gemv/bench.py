@@ -275,9 +275,10 @@ def variants_markdown(meta, rows):
         err = "-" if r["err"] is None else f"{r['err']:.1e}"
         out.append(f"| {r['op']} | {r['n']}x{r['k']} | {r['rows']} | {r['side']}{star} | {r['us']:.1f} | "
                    f"{r['pct']:.0f}% | {r['ratio']:.3f} | {r['vs_table']:.3f} | {err} | {cfg} |")
-    out += ["", "Best GEMV side per shape (a per-shape K_STAGES entry pays where /table is clearly below 1; read roof = "
-            "the best read side of the shape):", "",
-            "| GEMM | N x K | rows | best | % copy | /platform | /table | table % copy | platform % copy | read roof % copy |",
+    out += ["", "Best GEMV side per shape (a per-shape K_STAGES entry pays where /table is clearly below 1; "
+            "read roof = the best read side of the shape):", "",
+            "| GEMM | N x K | rows | best | % copy | /platform | /table | table % copy | platform % copy "
+            "| read roof % copy |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     by_key, roof = {}, {}
     for r in rows:

@@ -192,7 +192,7 @@ def test_engine_mirror_holds_a_sequence_of_max_model_len(monkeypatch):
     check(kw["out"], case)
 
 
-def test_engine_mirror_that_does_not_fit_fails_at_warmup_naming_the_knobs(monkeypatch):
+def test_engine_mirror_that_does_not_fit_fails_at_startup_naming_the_knobs(monkeypatch):
     from kernels.kv_quant import layout
     from kernels.prefill_attention import MAX_GROUP
 
