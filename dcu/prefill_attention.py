@@ -105,17 +105,18 @@ def reserve_mirror(num_heads_q: int, num_heads_kv: int, head_size: int, cache_dt
     prefill kernel will not need one (kernel off, not an 8-bit per-token-head cache, a shape it does not cover, no
     GPU). Patch 0006 calls it from TritonAttentionImpl.__init__, i.e. while vLLM builds the model: allocated there,
     the mirror counts as model memory in vLLM's memory profile, and the KV cache is sized around it.
-    max_model_len: None reads it from vLLM's current config. The buffer is allocated once per process and shape;
-    later calls (every attention layer makes an impl) return the same size."""
+    max_model_len: None reads it from vLLM's current config (none set: the kernel's default size). The buffer is
+    allocated once per process and shape; later calls (every attention layer makes an impl) return the same size."""
     if not enabled() or not torch.cuda.is_available():
         return None
     _, max_group, layout = _kernels()
     if layout.kv_quant_kind(cache_dtype) is None or not _covered(num_heads_q, num_heads_kv, head_size, max_group):
         return None
-    if max_model_len is None:
-        from vllm.config import get_current_vllm_config
+    if max_model_len is None:  # outside vLLM's config context (an impl made by hand): the kernel's default size
+        from vllm.config import get_current_vllm_config_or_none
 
-        max_model_len = get_current_vllm_config().model_config.max_model_len
+        model_config = getattr(get_current_vllm_config_or_none(), "model_config", None)
+        max_model_len = getattr(model_config, "max_model_len", None)
     tokens = engine_mirror_tokens(max_model_len)
     mod = _mirror_api()
     if tokens >= mod.MIRROR_PAGE:

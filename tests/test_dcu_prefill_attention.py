@@ -152,8 +152,10 @@ def test_reserve_mirror_reads_max_model_len_from_vllm_config(fake_gpu_mirror, vl
     import vllm.config
 
     cfg = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=50000))
-    monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda: cfg)
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: cfg)
     assert route.reserve_mirror(HQ, HKV, D, "int8_per_token_head") == 50176
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: None)  # an impl made by hand
+    assert route.reserve_mirror(HQ, HKV, D, "int8_per_token_head") == 32768
 
 
 def test_router_passes_the_engine_mirror_size_to_the_kernel(monkeypatch):
