@@ -95,6 +95,19 @@ def _mirror_does_not_fit(tokens: int, num_heads_kv: int, head_size: int, max_mod
         "cache directly, ~2.4x the attention time)")
 
 
+def _current_vllm_config():
+    """vLLM's current config, or None outside its context (0.18.1 has get_current_vllm_config_or_none; a fork
+    without it raises from get_current_vllm_config there)."""
+    import vllm.config as config
+
+    if hasattr(config, "get_current_vllm_config_or_none"):
+        return config.get_current_vllm_config_or_none()
+    try:
+        return config.get_current_vllm_config()
+    except AssertionError:
+        return None
+
+
 def _covered(num_heads_q: int, num_heads_kv: int, head_size: int, max_group: int) -> bool:
     return head_size <= MAX_HEAD_SIZE and num_heads_q % num_heads_kv == 0 and num_heads_q // num_heads_kv <= max_group
 
@@ -113,10 +126,7 @@ def reserve_mirror(num_heads_q: int, num_heads_kv: int, head_size: int, cache_dt
     if layout.kv_quant_kind(cache_dtype) is None or not _covered(num_heads_q, num_heads_kv, head_size, max_group):
         return None
     if max_model_len is None:  # outside vLLM's config context (an impl made by hand): the kernel's default size
-        from vllm.config import get_current_vllm_config_or_none
-
-        model_config = getattr(get_current_vllm_config_or_none(), "model_config", None)
-        max_model_len = getattr(model_config, "max_model_len", None)
+        max_model_len = getattr(getattr(_current_vllm_config(), "model_config", None), "max_model_len", None)
     tokens = engine_mirror_tokens(max_model_len)
     mod = _mirror_api()
     if tokens >= mod.MIRROR_PAGE:

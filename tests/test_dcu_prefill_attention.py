@@ -156,6 +156,15 @@ def test_reserve_mirror_reads_max_model_len_from_vllm_config(fake_gpu_mirror, vl
     assert route.reserve_mirror(HQ, HKV, D, "int8_per_token_head") == 50176
     monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: None)  # an impl made by hand
     assert route.reserve_mirror(HQ, HKV, D, "int8_per_token_head") == 32768
+    monkeypatch.delattr(vllm.config, "get_current_vllm_config_or_none")  # a fork without it: the raising getter
+
+    def outside_context():
+        raise AssertionError("Current vLLM config is not set.")
+
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config", outside_context)
+    assert route.reserve_mirror(HQ, HKV, D, "int8_per_token_head") == 32768
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda: cfg)
+    assert route.reserve_mirror(HQ, HKV, D, "int8_per_token_head") == 50176
 
 
 def test_router_passes_the_engine_mirror_size_to_the_kernel(monkeypatch):
