@@ -23,9 +23,9 @@ No vLLM import at module level: the routing rules are tested without a vLLM tree
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import os
+import sys
 import time
 
 import torch
@@ -58,11 +58,9 @@ def _kernels():
 
 
 def _mirror_api():
-    """The prefill kernel module's mirror constants and its env reader (wheel or repository)."""
-    try:  # by module path: the package exports the function under the module's name
-        return importlib.import_module("vllm.dcu_kernels.prefill_attention.prefill_attention")
-    except ImportError:
-        return importlib.import_module("kernels.prefill_attention.prefill_attention")
+    """The module of the prefill kernel _kernels() resolves (wheel or repository): its mirror constants, env reader
+    and buffer."""
+    return sys.modules[_kernels()[0].__module__]
 
 
 def engine_mirror_tokens(max_model_len: int | None, env=None) -> int:
@@ -86,20 +84,13 @@ def mirror_bytes(tokens: int, num_heads_kv: int, head_size: int) -> int:
 _ENGINE_MIRROR: dict = {}  # "tokens": the size chosen for this process's engine (absent: the kernel's default)
 
 
-def _mirror_does_not_fit(tokens: int, num_heads_kv: int, head_size: int, max_model_len) -> RuntimeError:
-    mib = mirror_bytes(tokens, num_heads_kv, head_size) / 2**20
-    return RuntimeError(
-        f"vllm-dcu: the 8-bit KV cache's prefill mirror ({tokens} tokens, {mib:.0f} MiB, sized from max_model_len "
-        f"{max_model_len}) does not fit in GPU memory: lower --gpu-memory-utilization or --max-model-len, or set "
-        f"{_mirror_api().MIRROR_ENV} to fewer tokens (0: no mirror; sequences longer than the mirror read the 8-bit "
-        "cache directly, ~2.4x the attention time)")
-
-
 def _current_vllm_config():
     """vLLM's current config, or None outside its context (0.18.1 has get_current_vllm_config_or_none; a fork
     without it raises from get_current_vllm_config there)."""
-    import vllm.config as config
-
+    try:
+        import vllm.config as config
+    except ImportError:  # the kernel alone, without vLLM (GPU kernel tests)
+        return None
     if hasattr(config, "get_current_vllm_config_or_none"):
         return config.get_current_vllm_config_or_none()
     try:
@@ -113,27 +104,36 @@ def _covered(num_heads_q: int, num_heads_kv: int, head_size: int, max_group: int
 
 
 def reserve_mirror(num_heads_q: int, num_heads_kv: int, head_size: int, cache_dtype: str,
-                   max_model_len: int | None = None) -> int | None:
+                   max_model_len: int | None = None, device=None) -> int | None:
     """Allocate the 16-bit mirror of an 8-bit cache for this engine now; its size in tokens, or None when the
     prefill kernel will not need one (kernel off, not an 8-bit per-token-head cache, a shape it does not cover, no
     GPU). Patch 0006 calls it from TritonAttentionImpl.__init__, i.e. while vLLM builds the model: allocated there,
     the mirror counts as model memory in vLLM's memory profile, and the KV cache is sized around it.
     max_model_len: None reads it from vLLM's current config (none set: the kernel's default size). The buffer is
-    allocated once per process and shape; later calls (every attention layer makes an impl) return the same size."""
+    allocated once per process and shape; later calls (every attention layer makes an impl) return the same size.
+    device: the current CUDA device when None."""
     if not enabled() or not torch.cuda.is_available():
         return None
     _, max_group, layout = _kernels()
     if layout.kv_quant_kind(cache_dtype) is None or not _covered(num_heads_q, num_heads_kv, head_size, max_group):
         return None
-    if max_model_len is None:  # outside vLLM's config context (an impl made by hand): the kernel's default size
+    if max_model_len is None:  # vLLM's (outside its config context, an impl made by hand: the kernel's default)
         max_model_len = getattr(getattr(_current_vllm_config(), "model_config", None), "max_model_len", None)
     tokens = engine_mirror_tokens(max_model_len)
     mod = _mirror_api()
     if tokens >= mod.MIRROR_PAGE:
+        device = torch.device("cuda") if device is None else torch.device(device)
+        if device.index is None:  # the kernel keys its buffer by "cuda:N", as q.device names it
+            device = torch.device("cuda", torch.cuda.current_device())
         try:
-            mod._mirror_buffer(torch.device("cuda", torch.cuda.current_device()), num_heads_kv, head_size, tokens)
+            mod._mirror_buffer(device, num_heads_kv, head_size, tokens)
         except torch.OutOfMemoryError as e:
-            raise _mirror_does_not_fit(tokens, num_heads_kv, head_size, max_model_len) from e
+            mib = mirror_bytes(tokens, num_heads_kv, head_size) / 2**20
+            raise RuntimeError(
+                f"vllm-dcu: the 8-bit KV cache's prefill mirror ({tokens} tokens, {mib:.0f} MiB, sized from "
+                f"max_model_len {max_model_len}) does not fit in GPU memory: lower --gpu-memory-utilization or "
+                f"--max-model-len, or set {mod.MIRROR_ENV} to fewer tokens (0: no mirror; sequences longer than the "
+                "mirror read the 8-bit cache directly, ~2.4x the attention time)") from e
     if _ENGINE_MIRROR.get("tokens") != tokens:
         _ENGINE_MIRROR["tokens"] = tokens
         env = mod.MIRROR_ENV
@@ -223,7 +223,8 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     """Compile the prefill kernel for this engine's attention shape and cache layout now; the seconds it took,
     or None when there is nothing to warm (kernel off, unsupported shape, not a GPU). Runs a batch of a
     prefill chunk with history (both stages) and a decode row, on a cache laid out like vLLM's. With an 8-bit
-    cache the mirror is sized from ``max_model_len`` (engine_mirror_tokens) and allocated here."""
+    cache it uses the mirror reserve_mirror allocated while the model was built, or reserves it now (outside an
+    engine)."""
     device = torch.device(device)
     if not enabled() or device.type != "cuda" or dtype not in _DTYPES or head_size > MAX_HEAD_SIZE:
         return None
@@ -234,8 +235,10 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     if not _covered(num_heads_q, num_heads_kv, head_size, max_group):
         return None
     mirror = None
-    if kv_quant is not None:  # the size reserve_mirror chose (and allocated) while the model was built, if it ran
-        mirror = _ENGINE_MIRROR.get("tokens", engine_mirror_tokens(max_model_len))
+    if kv_quant is not None:
+        mirror = _ENGINE_MIRROR.get("tokens")
+        if mirror is None:  # no model build reserved it (warmup outside an engine)
+            mirror = reserve_mirror(num_heads_q, num_heads_kv, head_size, cache_dtype, max_model_len, device=device)
     key = (num_heads_q, num_heads_kv, head_size, dtype, kv_quant, block_size, device, mirror)
     if key in _WARM:
         return 0.0
@@ -266,15 +269,8 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
         ks.fill_(0.01)
         vs.fill_(0.01)
         scales = dict(k_scales=ks, v_scales=vs)
-    try:
-        prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant,
-                          max_seqlen_k=max(lens), mirror=mirror, **scales)
-    except torch.OutOfMemoryError as e:  # a mirror reserve_mirror did not allocate (warmup outside an engine)
-        if not mirror:
-            raise
-        raise _mirror_does_not_fit(mirror, num_heads_kv, head_size, max_model_len) from e
-    if mirror is not None:
-        _ENGINE_MIRROR["tokens"] = mirror
+    prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant, max_seqlen_k=max(lens),
+                      mirror=mirror, **scales)
     torch.cuda.synchronize(device)
     if not torch.isfinite(out).all():
         raise RuntimeError("vllm-dcu prefill attention warmup produced non-finite output")

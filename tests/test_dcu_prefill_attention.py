@@ -140,6 +140,13 @@ def test_reserve_mirror_allocates_one_mirror_of_max_model_len_for_8bit_caches(fa
     assert len(fake_gpu_mirror) == 2 and route._ENGINE_MIRROR == {"tokens": 0}
 
 
+def test_reserve_mirror_keys_the_buffer_by_the_indexed_device(fake_gpu_mirror):
+    # warmup passes the builder's device ("cuda" or "cuda:N"); the kernel looks the buffer up by q.device, "cuda:N"
+    for device, want in ((None, "cuda:0"), ("cuda", "cuda:0"), ("cuda:1", "cuda:1")):
+        route.reserve_mirror(HQ, HKV, D, "int8_per_token_head", max_model_len=40000, device=device)
+        assert fake_gpu_mirror[-1] == (want, HKV, D, 40192)
+
+
 def test_reserve_mirror_that_does_not_fit_fails_naming_the_knobs(fake_gpu_mirror):
     fake_gpu_mirror.raise_ = torch.OutOfMemoryError("CUDA out of memory")
     with pytest.raises(RuntimeError, match=r"prefill mirror \(1048576 tokens, 4112 MiB, sized from max_model_len "
