@@ -349,17 +349,33 @@ def markdown(meta, rows):
     return "\n".join(out) + "\n"
 
 
-def summary_markdown(rows, compare_rows=None, compare_label="compared"):
-    """One line per row kind (dtype, or "dtype [variant]"): geomean over the contexts of time / bf16's time per
-    batch, of time / the same dtype's table rows (variants), and of time / an earlier run's rows of the same dtype
-    (``compare_rows``, e.g. the kernel before a change benchmarked in the same call)."""
+def _times_by_kind(rows) -> dict:
+    """{row kind: {(batch, ctx): us}} of our rows (the unified-attention baseline's left out)."""
     times = {}
     for r in rows:
         if r["dtype"] != "baseline_bf16":
             times.setdefault(r["dtype"], {})[(r["batch"], r["ctx"])] = r["us"]
-    earlier = {}
-    for r in compare_rows or []:
-        earlier.setdefault(r["dtype"], {})[(r["batch"], r["ctx"])] = r["us"]
+    return times
+
+
+def load_rows(path: str, flag: str) -> list:
+    """The rows of an earlier run's JSON; exits with one line naming ``flag`` when it is not one."""
+    try:
+        with open(path) as f:
+            rows = json.load(f)["rows"]
+        if not isinstance(rows, list) or not all({"dtype", "batch", "ctx", "us"} <= set(r) for r in rows):
+            raise ValueError("rows without dtype / batch / ctx / us")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"error: {flag} {path}: not a decode bench JSON ({e})")
+    return rows
+
+
+def summary_markdown(rows, compare_rows=None, compare_label="compared"):
+    """One line per row kind (dtype, or "dtype [variant]"): geomean over the contexts of time / bf16's time per
+    batch, of time / the same dtype's table rows (variants), and of time / an earlier run's rows of the same dtype
+    (``compare_rows``, e.g. the kernel before a change benchmarked in the same call)."""
+    times = _times_by_kind(rows)
+    earlier = _times_by_kind(compare_rows or [])
     batches = sorted({b for t in times.values() for b, _ in t})
 
     def ratio(mine, other, keys):
@@ -392,13 +408,12 @@ def cost_markdown(rows):
     run's contexts), the per-token part also over bf16's: 8-bit KV moves half the bytes per token, so ~0.5x there
     means the tiles stream at bf16's bandwidth, and what the per-token ratio leaves to the total ratio is the fixed
     part (launches, prologues, the merge)."""
-    times = {}
-    for r in rows:
-        if r["dtype"] != "baseline_bf16":
-            times.setdefault(r["dtype"], {}).setdefault(r["batch"], []).append((r["ctx"], r["us"]))
-    batches = sorted({b for t in times.values() for b in t})
-    fits = {kind: {b: cost_fit(pts) for b, pts in per.items() if len({c for c, _ in pts}) > 1}
-            for kind, per in times.items()}
+    points = {}  # {kind: {batch: [(ctx, us)]}}
+    for kind, mine in _times_by_kind(rows).items():
+        for (batch, ctx), us in mine.items():
+            points.setdefault(kind, {}).setdefault(batch, []).append((ctx, us))
+    batches = sorted({b for per in points.values() for b in per})
+    fits = {kind: {b: cost_fit(pts) for b, pts in per.items() if len(pts) > 1} for kind, per in points.items()}
     head = ["rows", *(f"batch {b}: us / 1K tokens (x bf16) + fixed us" for b in batches)]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for kind, fit in fits.items():
@@ -430,16 +445,7 @@ def main(argv=None):
     ap.add_argument("--compare", metavar="JSON", help="an earlier run's JSON (e.g. the kernel before a change, run "
                     "in the same call): the summary gives this run's time over its time per dtype")
     args = ap.parse_args(argv)
-    compare_rows = None
-    if args.compare:
-        try:
-            with open(args.compare) as f:
-                compare_rows = json.load(f)["rows"]
-            if not isinstance(compare_rows, list) or not all({"dtype", "batch", "ctx", "us"} <= set(r)
-                                                              for r in compare_rows):
-                raise ValueError("rows without dtype / batch / ctx / us")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            sys.exit(f"error: --compare {args.compare}: not a decode bench JSON ({e})")
+    compare_rows = load_rows(args.compare, "--compare") if args.compare else None
     shape_filter = {}
     for name, text in (("batches", args.batches), ("ctxs", args.ctxs)):
         if text is None:
@@ -464,12 +470,8 @@ def main(argv=None):
     if kv8_variants and not args.quick:
         sys.exit("error: --kv8 needs --quick (the sweep chooses its own kv8 entry)")
     if args.summary:
-        try:
-            with open(args.summary) as f:
-                rows = json.load(f)["rows"]
-            print(summary_markdown(rows) + "\n" + cost_markdown(rows), end="")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            sys.exit(f"error: --summary {args.summary}: not a decode bench JSON ({e})")
+        rows = load_rows(args.summary, "--summary")
+        print(summary_markdown(rows) + "\n" + cost_markdown(rows), end="")
         return
     if args.replot:
         with open(args.replot) as f:
