@@ -550,10 +550,8 @@ def main(argv=None):
     command = command.replace(f" --out {args.out}", "")
     stamp = datetime.date.today().isoformat()
     dev = name.replace(" ", "-").lower()
-    if args.variants and shapes:
-        ops = [Op(op_name, n, k, silu, l2) for op_name, n, k, silu in SHAPES if f"{n}x{k}" in shapes]
-    else:
-        ops = [Op(op_name, n, k, silu, l2) for op_name, n, k, silu in SHAPES]
+    # --shapes goes with --variants only (checked above)
+    ops = [Op(op_name, n, k, silu, l2) for op_name, n, k, silu in SHAPES if shapes is None or f"{n}x{k}" in shapes]
     if args.variants:
         rows_out = run_variants(ops, target, copy_gbps, rows_list, tries)
         meta = {"device": name, "target": target, "copy_GBps": copy_gbps, "platform": platform,
