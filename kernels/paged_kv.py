@@ -10,8 +10,9 @@ KV_QUANT_KINDS = (None, "fp8", "int8")
 
 
 def check_q_and_cache(fail, q, k_cache, v_cache, out, k_scales, v_scales, kv_quant, max_group: int,
-                      q_rows: str = "tokens") -> None:
-    """Call ``fail(message)`` (which raises) at the first problem; ``q_rows`` names q's first dimension."""
+                      q_rows: str = "tokens", v_any_dim_stride: bool = False) -> None:
+    """Call ``fail(message)`` (which raises) at the first problem; ``q_rows`` names q's first dimension;
+    ``v_any_dim_stride``: the launcher reads V through its head_dim stride (V stored by dim, tokens contiguous)."""
     if kv_quant not in KV_QUANT_KINDS:
         fail(f"kv_quant must be one of {list(KV_QUANT_KINDS)}, got {kv_quant!r}")
     if q.dim() != 3 or q.dtype not in (torch.float16, torch.bfloat16):
@@ -31,7 +32,7 @@ def check_q_and_cache(fail, q, k_cache, v_cache, out, k_scales, v_scales, kv_qua
     if k_cache.dtype != want_kv or v_cache.dtype != want_kv:
         fail(f"kv_quant={kv_quant!r} needs {want_kv} caches, got {k_cache.dtype}/{v_cache.dtype}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
-        if t.stride(-1) != 1:
+        if t.stride(-1) != 1 and not (name == "v_cache" and v_any_dim_stride):
             fail(f"{name} must be contiguous in head_dim")
     if kv_quant:
         for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):

@@ -119,6 +119,26 @@ def test_tiles_straddling_large_pages_read_each_token_from_its_own_page(params, 
     assert_close(run(case, num_splits=3, software_fp8=True), reference(case), torch.float16)
 
 
+def _v_by_dim(v_cache):
+    """A copy of ``v_cache`` whose pages hold V by dim: [num_blocks, kv heads, head_dim, block_size] in memory, tokens
+    contiguous, seen through the same [num_blocks, block_size, kv heads, head_dim] indexing."""
+    nb, bs, h, d = v_cache.shape
+    return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("kv_quant,int8_qk", [(None, 0), ("fp8", 0), ("int8", 0), ("int8", 1)])
+@pytest.mark.parametrize("page_loop", [0, 1])
+def test_v_stored_by_dim_gives_the_same_output_as_by_token(params, kv_quant, int8_qk, page_loop):
+    # the kernel reads V through its head_dim stride: tokens contiguous within a page is as good as dims contiguous
+    params(kv8={"BLOCK_N": 16, "page_loop": page_loop, "int8_qk": int8_qk}, kv16={"BLOCK_N": 16})
+    case = make_case([3, 70, 45], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant=kv_quant, seed=6)
+    want = run(case, num_splits=2, software_fp8=True)
+    by_dim = dict(case, v_cache=_v_by_dim(case["v_cache"]))
+    assert by_dim["v_cache"].stride(1) == 1 and torch.equal(by_dim["v_cache"], case["v_cache"])
+    assert torch.equal(run(by_dim, num_splits=2, software_fp8=True), want)
+    assert_close(want, reference(case), torch.bfloat16)
+
+
 @pytest.mark.parametrize("kv_quant", [None, "int8", "fp8"])
 def test_pages_smaller_than_a_tile_read_each_token_from_its_own_page(params, kv_quant):
     params(BLOCK_N=32)  # 16-token pages: one tile spans two or three pages

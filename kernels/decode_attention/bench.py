@@ -17,6 +17,11 @@ A summary under the table gives, per row kind, the geometric mean of time / bf16
 the table entry's time (--kv8 rows); --compare JSON adds time / an earlier run's time per dtype (e.g. the kernel
 before a change, `git archive REV kernels` run first in the same call).
 
+--calls-per-graph N (N > 1) times graphs of N calls, each on its own pages, per call and without the L2 flush
+do_bench puts before every replay: as the layers of a captured decode step follow each other (H200: bf16's fixed
+cost per call 9.1 us instead of 12.8, 8-bit's 12.5 instead of 16.4; the 8-bit / bf16 ratios within 1-2%).
+--v-layouts token,dim adds 8-bit rows that read V as if each page stored it by dim (tokens contiguous).
+
 Baseline: the file named by VLLM_DCU_BASELINE_UA (0.18.1's triton_unified_attention.py, loaded
 with stand-ins for its four vllm imports), else ``unified_attention`` of the installed vllm (make
 sure it is an unpatched 0.18.1); without either the baseline columns stay empty.
@@ -144,9 +149,14 @@ class Pools:
         k_scales.copy_(torch.rand(k_scales.shape, device=DEV) * 9e-3 + 1e-3)
         v_scales.copy_(torch.rand(v_scales.shape, device=DEV) * 9e-3 + 1e-3)
         self.views8 = (k_codes, v_codes, k_scales, v_scales)
+        # the same V bytes read as if each page's V codes were stored by dim ([kv heads, head_dim, block_size]:
+        # tokens contiguous), for --v-layouts dim (timing only: the codes are random either way)
+        s_block, s_kv = self.kv8.stride()[:2]
+        bs8 = BLOCK["8bit"]
+        self.v_by_dim = self.kv8.as_strided(v_codes.shape, (s_block, 1, D * bs8, bs8), self.kv8.storage_offset() + s_kv)
         self.max_tokens = max_tokens
 
-    def case(self, dtype, batch, ctx, seed=0):
+    def case(self, dtype, batch, ctx, seed=0, v_layout="token"):
         kind = "bf16" if dtype == "bf16" else "8bit"
         bs = BLOCK[kind]
         nblk = math.ceil(ctx / bs)
@@ -161,6 +171,8 @@ class Pools:
             c.update(k=k, v=v, kv_bytes=batch * ctx * HKV * D * 2 * 2)
         else:
             k, v, ks, vs = self.views8
+            if v_layout == "dim":
+                v = self.v_by_dim
             c.update(k=k, v=v, k_scales=ks, v_scales=vs, kv_quant=dtype.split("_")[0],
                      software_fp8=dtype.endswith("_sw"), kv_bytes=batch * ctx * HKV * (D + 4) * 2)
         return c
@@ -193,6 +205,32 @@ def baseline_fn(ua, c, ctx):
            None, ones, ones, seq_threshold_3D=thr, num_par_softmax_segments=seg, softmax_segm_output=so,
            softmax_segm_max=sm, softmax_segm_expsum=se)
     return fn
+
+
+def time_calls(fns, reps=20):
+    """us per call of a CUDA/HIP graph that runs every fn of ``fns`` in turn (each on its own KV pages), timed
+    with events around the replay, no cache flush between replays: as the calls of one layer after another sit in
+    a captured decode step, launch overhead shared and the L2 holding the previous call's clean lines."""
+    if DEV == "cpu":
+        return time_graph(fns[0])
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for fn in fns:
+            fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(reps + 3):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) * 1e3 / len(fns))
+    del g
+    return sorted(times)[len(times) // 2]
 
 
 def time_graph(fn, rep=100):
@@ -334,7 +372,13 @@ def markdown(meta, rows):
            f"Configuration: target `{meta['target']}`, {json.dumps(meta['config'])}"
            f" ({'from the sweep' if meta['swept'] else 'from launch_params / env'})."
            + "".join(f" Rows `dtype [{k}]`: kv8 {json.dumps(v)}." for k, v in meta.get("kv8_variants", {}).items()),
-           "Times in us per call (both stages), CUDA-graph replay, median. GB/s = KV bytes read / time;"
+           "Times in us per call (both stages), CUDA-graph replay, median"
+           + (" (one call per replay, L2 flushed before each)." if meta.get("calls_per_graph", 1) == 1 else
+              f" (graphs of {meta['calls_per_graph']} calls on different pages, no flush: per-call time as in a"
+              " captured decode step).")
+           + (" Rows `[...Vdim]`: 8-bit V read as stored by dim (tokens contiguous)." if "dim" in
+              meta.get("v_layouts", ()) else "")
+           + " GB/s = KV bytes read / time;"
            " % = of copy bandwidth; x UA = speedup over unified_attention on bf16 KV;"
            " x bf16 = our time / our bf16 time.", "",
            "| dtype | batch | ctx | splits | us | GB/s | % copy | UA us | x UA | x bf16 |",
@@ -442,6 +486,12 @@ def main(argv=None):
                     help="with --quick: time the 8-bit rows with this kv8 entry too (repeatable)")
     ap.add_argument("--batches", help="with --quick: comma-separated batch sizes instead of 1,4,16,64")
     ap.add_argument("--ctxs", help="with --quick: comma-separated context lengths instead of 4096,...,32768")
+    ap.add_argument("--v-layouts", default="token", help="comma-separated 8-bit V page layouts to time: token (the "
+                    "cache's: [block_size, kv heads, head_dim]) and/or dim ([kv heads, head_dim, block_size])")
+    ap.add_argument("--calls-per-graph", type=int, default=1, metavar="N",
+                    help="1: one call per graph replay, L2 flushed by do_bench before each (the default); N > 1: a "
+                    "graph of N calls on N different page sets, per-call time (as layers follow each other in a "
+                    "captured decode step)")
     ap.add_argument("--compare", metavar="JSON", help="an earlier run's JSON (e.g. the kernel before a change, run "
                     "in the same call): the summary gives this run's time over its time per dtype")
     args = ap.parse_args(argv)
@@ -469,6 +519,11 @@ def main(argv=None):
         kv8_variants.append((label, cfg))
     if kv8_variants and not args.quick:
         sys.exit("error: --kv8 needs --quick (the sweep chooses its own kv8 entry)")
+    v_layouts = tuple(args.v_layouts.split(","))
+    if not v_layouts or any(x not in ("token", "dim") for x in v_layouts) or len(set(v_layouts)) != len(v_layouts):
+        sys.exit(f"error: --v-layouts wants token and/or dim separated by commas, got {args.v_layouts!r}")
+    if not 1 <= args.calls_per_graph <= 64:
+        sys.exit(f"error: --calls-per-graph wants 1..64, got {args.calls_per_graph}")
     if args.summary:
         rows = load_rows(args.summary, "--summary")
         print(summary_markdown(rows) + "\n" + cost_markdown(rows), end="")
@@ -511,14 +566,25 @@ def main(argv=None):
     entry = launch_params.get_params(target, override=json.dumps(config))
     for label, cfg in kv8_variants:  # a bad entry fails here, before any timing
         launch_params.get_params(target, override=json.dumps({**config, "kv8": cfg}))
-    runs = [(dtype, None, config) for dtype in DTYPES]
-    runs += [(dtype, label, {**config, "kv8": cfg}) for label, cfg in kv8_variants for dtype in DTYPES[1:]]
+    runs = [(dtype, None, config, "token") for dtype in DTYPES]
+    runs += [(dtype, label, {**config, "kv8": cfg}, "token") for label, cfg in kv8_variants for dtype in DTYPES[1:]]
+    if "token" not in v_layouts:
+        runs = [r for r in runs if r[0] == "bf16"]
+    if "dim" in v_layouts:
+        runs += [(dtype, "Vdim", config, "dim") for dtype in DTYPES[1:]]
+        runs += [(dtype, f"{label}|Vdim", {**config, "kv8": cfg}, "dim") for label, cfg in kv8_variants
+                 for dtype in DTYPES[1:]]
+    n_calls = args.calls_per_graph
+
+    def timed(make_fn, cases):
+        return time_graph(make_fn(cases[0])) if n_calls == 1 else time_calls([make_fn(c) for c in cases])
 
     rows, ours_bf16 = [], {}
-    for dtype, variant, run_config in runs:
+    for dtype, variant, run_config, v_layout in runs:
         for batch, ctx in itertools.product(BATCHES, CTXS):
-            c = pools.case(dtype, batch, ctx)
-            us = with_params(run_config, lambda: time_graph(ours_fn(c)))
+            cases = [pools.case(dtype, batch, ctx, seed=i, v_layout=v_layout) for i in range(n_calls)]
+            c = cases[0]
+            us = with_params(run_config, lambda: timed(ours_fn, cases))
             gbps = c["kv_bytes"] / (us * 1e-6) / 1e9
             r = dict(dtype=dtype if variant is None else f"{dtype} [{variant}]", batch=batch, ctx=ctx,
                      block_size=c["k"].shape[1], us=round(us, 1),
@@ -530,7 +596,7 @@ def main(argv=None):
                 ours_bf16[(batch, ctx)] = us
                 if ua is not None:
                     mine = c["out"].float().clone()
-                    ua_us = time_graph(baseline_fn(ua, c, ctx))
+                    ua_us = timed(lambda cc: baseline_fn(ua, cc, ctx), cases)
                     r.update(baseline_us=round(ua_us, 1), speedup_vs_ua=round(ua_us / us, 2),
                              max_abs_diff_vs_ua=float((mine - c["out"].float()).abs().max()))
                     rows.append(dict(dtype="baseline_bf16", batch=batch, ctx=ctx, us=round(ua_us, 1),
@@ -550,11 +616,13 @@ def main(argv=None):
     base = os.path.join(args.out, f"{stamp}-{dev}-decode-attention" + (f"-{args.tag}" if args.tag else ""))
     suggested = {k: config.get(k, entry[k]) for k in ("programs_per_cu", "min_split_tokens", "kv16", "kv8")}
     meta = dict(device=props.name, target=target, num_cus=props.multi_processor_count, copy_GBps=copy_gbps,
-                baseline=ua_src, config=config, swept=not args.quick, kv8_variants=dict(kv8_variants),
-                torch=torch.__version__,
+                baseline=ua_src, config=config, calls_per_graph=n_calls, v_layouts=v_layouts, swept=not args.quick,
+                kv8_variants=dict(kv8_variants), torch=torch.__version__,
                 triton=triton.__version__, command="python -m kernels.decode_attention.bench" +
                 (" --quick" if args.quick else "") + (f" --tag {args.tag}" if args.tag else "") +
                 "".join(f" --kv8 '{item}'" for item in args.kv8) +
+                (f" --v-layouts {args.v_layouts}" if args.v_layouts != "token" else "") +
+                (f" --calls-per-graph {n_calls}" if n_calls != 1 else "") +
                 "".join(f" --{k} {','.join(map(str, v))}" for k, v in shape_filter.items()),
                 seconds=round(time.time() - t_start),
                 suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))

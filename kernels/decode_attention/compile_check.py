@@ -43,7 +43,7 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     sig, attrs, unit_strides = jit_signature(
         _decode_split_kernel,
         lambda base: "*bf16" if kv_quant == 0 and base in ("k", "v") else _PTR[base],
-        ones=() if kv_quant == 0 else ("stride_ksh", "stride_vsh"),
+        ones=("stride_vd",) if kv_quant == 0 else ("stride_vd", "stride_ksh", "stride_vsh"),
         div16=lambda name: name not in no_div, scalars={"scale_log2": "fp32"})
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_H=_BLOCK_H,
                   KV_QUANT=kv_quant, FP8_SOFTWARE=software, PTX=ptx, **launch_consts, **unit_strides)

@@ -234,8 +234,8 @@ def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_d, key_ok, s_mult, kv_mask, kv_other,
-                 KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr, K_PURE: tl.constexpr,
+def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_d, stride_vd, key_ok, s_mult, kv_mask,
+                 kv_other, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr, K_PURE: tl.constexpr,
                  V_PURE: tl.constexpr, INT8_QK: tl.constexpr):
     """One KV tile of the online softmax; returns (acc, m, l). k_rows / v_rows: a pointer per key to its row of
     head_dim values; key_ok: the keys that count (not past the sequence, not already done). INT8_QK: q is the
@@ -273,7 +273,7 @@ def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
+    v = tl.load(v_rows[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=kv_other)
     if KV_QUANT != 0:
         v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX, V_PURE)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -289,7 +289,7 @@ def _decode_split_kernel(
     scale_log2, max_splits, min_split_tokens, block_size, num_q_heads,
     stride_qb, stride_qh,
     stride_kb, stride_kt, stride_kh,
-    stride_vb, stride_vt, stride_vh,
+    stride_vb, stride_vt, stride_vh, stride_vd,
     stride_ksb, stride_kst, stride_ksh,
     stride_vsb, stride_vst, stride_vsh,
     stride_btb,
@@ -304,10 +304,6 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
-    seq_len = tl.load(seq_lens_ptr + seq)
-    n_tiles = _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP)
-    tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens)
-
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
@@ -317,16 +313,37 @@ def _decode_split_kernel(
     q_heads = kv_head * GROUP + offs_h
     out_offs = seq * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :]
 
+    q_ptrs = q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :]
+    seq_len = tl.load(seq_lens_ptr + seq)
+    if KV_QUANT != 0:
+        # 8-bit caches work on q before the KV loop (its int8 pair or power-of-two scale): q's load goes out with
+        # seq_len's (its address does not depend on it; every row of the batch is valid memory), so the two
+        # latencies overlap (H200: 0.92-0.96x the int8 time with the page-ahead block-table read below; bf16, which
+        # only needs q in the loop, ran 1.04-1.09x slower at batch 1 with it, so it loads q after the checks)
+        q = tl.load(q_ptrs, mask=hd_mask, other=0.0)
+    n_tiles = _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP)
+    tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens)
+
     if seq_len <= 0:
-        # padded batch slot (CUDA graphs): defined output, no reads
+        # padded batch slot (CUDA graphs): defined output, no KV reads
         if split == 0:
             zero = tl.zeros([BLOCK_H, BLOCK_D], dtype=out_ptr.dtype.element_ty)
             tl.store(out_ptr + out_offs, zero, mask=hd_mask)
         return
     if split >= n_splits:
         return
+    if KV_QUANT == 0:
+        q = tl.load(q_ptrs, mask=hd_mask, other=0.0)
 
-    q = tl.load(q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :], mask=hd_mask, other=0.0)
+    bt_row = block_table_ptr + seq * stride_btb
+    tile_start = split * tiles_per_split
+    tile_end = tl.minimum(tile_start + tiles_per_split, n_tiles)
+    if PAGE_LOOP:
+        # the split's first block-table entry is read before q is worked on below, so its latency overlaps that work
+        tiles_per_page = tl.cdiv(block_size, BLOCK_N)
+        first_page = tile_start // tiles_per_page
+        last_page_of_split = (tile_end - 1) // tiles_per_page
+        next_phys = tl.load(bt_row + first_page).to(tl.int64)
     s_mult = scale_log2
     q_lo = q  # the int8 pair's low half (INT8_QK only)
     if INT8_QK:
@@ -344,9 +361,6 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
 
-    bt_row = block_table_ptr + seq * stride_btb
-    tile_start = split * tiles_per_split
-    tile_end = tl.minimum(tile_start + tiles_per_split, n_tiles)
     last = seq_len - 1
     if HEAD_DIM == BLOCK_D:
         kv_mask = None
@@ -365,9 +379,10 @@ def _decode_split_kernel(
         # loop's addresses depend on is loaded inside it, so the pipeliner keeps num_stages - 1 tiles in flight
         # (with the page read in the same loop it kept one, whatever num_stages said). A page's last tile ends at
         # the page's end and masks the keys of the tile before it.
-        tiles_per_page = tl.cdiv(block_size, BLOCK_N)
-        for page in range(tile_start // tiles_per_page, (tile_end - 1) // tiles_per_page + 1):
-            phys = tl.load(bt_row + page).to(tl.int64)
+        # Each page's block-table entry is read one page ahead (the first one above).
+        for page in range(first_page, last_page_of_split + 1):
+            phys = next_phys
+            next_phys = tl.load(bt_row + tl.minimum(page + 1, last_page_of_split)).to(tl.int64)
             first_tok = page * block_size
             for j in range(tl.maximum(tile_start - page * tiles_per_page, 0),
                            tl.minimum(tile_end - page * tiles_per_page, tiles_per_page)):
@@ -379,7 +394,8 @@ def _decode_split_kernel(
                     q, q_lo, acc, m_i, l_i,
                     k_head + phys * stride_kb + slot * stride_kt, v_head + phys * stride_vb + slot * stride_vt,
                     ks_head + phys * stride_ksb + slot * stride_kst, vs_head + phys * stride_vsb + slot * stride_vst,
-                    offs_d, key_ok, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE, V_PURE, INT8_QK,
+                    offs_d, stride_vd, key_ok, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE, V_PURE,
+                    INT8_QK,
                 )  # fmt: skip
     else:
         last_page = last // block_size
@@ -389,8 +405,8 @@ def _decode_split_kernel(
                 q, q_lo, acc, m_i, l_i,
                 k_head + phys * stride_kb + slot * stride_kt, v_head + phys * stride_vb + slot * stride_vt,
                 ks_head + phys * stride_ksb + slot * stride_kst, vs_head + phys * stride_vsb + slot * stride_vst,
-                offs_d, tile * BLOCK_N + offs_n < seq_len, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE, PTX,
-                K_PURE, V_PURE, INT8_QK,
+                offs_d, stride_vd, tile * BLOCK_N + offs_n < seq_len, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE,
+                PTX, K_PURE, V_PURE, INT8_QK,
             )  # fmt: skip
 
     o = acc / l_i[:, None]
@@ -508,7 +524,8 @@ def _fail(msg: str):
 
 
 def _check_inputs(q, k_cache, v_cache, block_table, seq_lens, out, k_scales, v_scales, kv_quant):
-    check_q_and_cache(_fail, q, k_cache, v_cache, out, k_scales, v_scales, kv_quant, _BLOCK_H, q_rows="batch")
+    check_q_and_cache(_fail, q, k_cache, v_cache, out, k_scales, v_scales, kv_quant, _BLOCK_H, q_rows="batch",
+                      v_any_dim_stride=True)
     batch = q.shape[0]
     if seq_lens.dim() != 1 or seq_lens.shape[0] != batch or seq_lens.dtype != torch.int32:
         _fail(f"seq_lens must be int32 [{batch}], got {tuple(seq_lens.shape)} {seq_lens.dtype}")
@@ -522,7 +539,9 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
 
     q, out: [batch, q_heads, head_dim] fp16/bf16. k_cache, v_cache: [num_blocks, block_size,
     kv_heads, head_dim], q's dtype, or uint8 codes with kv_quant "fp8" / "int8" and float32
-    k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides). block_table: int32
+    k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides). K is contiguous in head_dim; V may have any
+    head_dim stride (e.g. pages holding V by dim, tokens contiguous: read correctly, but 1.3-1.8x slower on the
+    H200, bench --v-layouts dim, 2026-12-02). block_table: int32
     [>= batch, max_blocks]; seq_lens: int32 [batch] (0 = padded slot, output zeros).
     software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).
     workspace: float32 1-D buffer of at least ``workspace_numel(...)`` elements (preallocated for
@@ -559,7 +578,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         out, ws_o, ws_lse,
         float(scale) * _LOG2E, splits, min_split, block_size, hq,
         q.stride(0), q.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
+        *k_cache.stride()[:3], *v_cache.stride(), *ks_strides, *vs_strides,
         block_table.stride(0), out.stride(0), out.stride(1),
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, KV_QUANT=_KV_QUANT[kv_quant],
         FP8_SOFTWARE=bool(software_fp8), PTX=kv_quant is not None and _use_ptx(q.device), **consts, **options,

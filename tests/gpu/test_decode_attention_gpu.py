@@ -157,6 +157,20 @@ def test_every_placement_of_the_code_conversion_matches_reference(monkeypatch, k
     check(run(case, software_fp8=software), case)
 
 
+@pytest.mark.parametrize("kv_quant,software", [(None, False), ("fp8", False), ("fp8", True), ("int8", False)])
+@pytest.mark.parametrize("early_convert", [0, 1, 2])
+def test_v_stored_by_dim_gives_the_same_output_as_by_token(monkeypatch, kv_quant, software, early_convert):
+    # pages holding V as [kv heads, head_dim, block_size] (tokens contiguous), read through V's head_dim stride
+    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"early_convert": early_convert}}))
+    case = make_case([5000, 1553, 3], 1552, kv_quant=kv_quant, seed=8)
+    want = run(case, software_fp8=software)
+    v = case["v_cache"]
+    by_dim = dict(case, v_cache=v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2))
+    assert by_dim["v_cache"].stride(1) == 1
+    assert torch.equal(run(by_dim, software_fp8=software), want)
+    check(want, case)
+
+
 @pytest.mark.parametrize("kv_quant", [None, "fp8", "int8"])
 def test_garbage_past_the_end_of_the_last_page_never_reaches_the_output(kv_quant):
     # rows past seq_len re-read the last token instead of being masked: NaN (bf16) or NaN-code (fp8
