@@ -453,6 +453,12 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     ('{"kv8": {"int8_qk": 2}}', "kv8.int8_qk must be 0 or 1"),
     ('{"kv16": {"int8_qk": 1}}', "int8_qk applies to kv8 only"),
     ('{"split_round": "nearest"}', 'kv16.split_round must be "up" or "down"'),
+    ('{"kv8": {"int8": {"split_round": "up"}}}', "'kv8.int8' must be an object with keys from"),  # the host plan
+    ('{"kv8": {"int8": 2}}', "'kv8.int8' must be an object with keys from"),
+    ('{"kv16": {"int8": {"num_warps": 2}}}', "'kv16' must be an object with keys from"),
+    ('{"kv8": {"int8": {"num_warps": 0}}}', "kv8.num_warps must be a positive integer"),
+    ('{"kv8": {"int8": {"BLOCK_N": 48}}}', "kv8.BLOCK_N must be a power of two >= 16"),
+    ('{"kv8": {"int8": {"waves_per_eu": 2}}}', "ROCm-only options, not valid on sm90"),
 ])
 def test_bad_env_override_fails_with_one_clear_error(text, match):
     with pytest.raises(ValueError, match=match):
@@ -522,6 +528,28 @@ def test_a_width_may_set_its_own_programs_per_cu(params, monkeypatch):
     assert "programs_per_cu" not in split_kernel_launch(launch8, 1552, 2)[1]  # host-side only, never a Triton option
     with pytest.raises(ValueError, match="kv8.programs_per_cu must be a positive integer"):
         launch_params.get_params("sm90", override='{"kv8": {"programs_per_cu": 0}}')
+
+
+def test_kv8_int8_options_apply_to_int8_caches_only(params):
+    # kv8.int8 merges over kv8 for int8 caches (sm90: 2 warps); fp8 caches and the split plan take kv8 as it is
+    import importlib
+
+    da = importlib.import_module("kernels.decode_attention.decode_attention")
+    params(kv8={"num_warps": 4, "int8": {"num_warps": 2, "BLOCK_N": 32}})
+    launch = launch_params.get_params("sm90")["kv8"]
+    consts8, options8 = da.split_kernel_launch(launch, 1552, 2)
+    consts_fp8, options_fp8 = da.split_kernel_launch(launch, 1552, 1)
+    assert (options8["num_warps"], consts8["BLOCK_N"]) == (2, 32)
+    assert (options_fp8["num_warps"], consts_fp8["BLOCK_N"]) == (4, launch["BLOCK_N"])
+    assert "int8" not in options8 and "int8" not in options_fp8  # never a Triton option
+    assert launch_params.get_params("sm90", override='{"kv8": {"int8": null}}')["kv8"].get("int8") is None
+
+
+def test_kv8_int8_block_n_gives_the_reference_output(params):
+    # BLOCK_N from kv8.int8 reaches both stages (the merge recomputes each sequence's split count from it)
+    params(kv8={"BLOCK_N": 16, "page_loop": 1, "int8": {"BLOCK_N": 32}})
+    case = make_case([300, 47, 128], block_size=48, hkv=2, hq=4, kv_quant="int8", seed=10)
+    assert_close(run(case, num_splits=3), reference(case), torch.float16)
 
 
 def test_split_round_down_gives_the_reference_output_and_its_workspace(params):

@@ -474,9 +474,11 @@ def _use_ptx(device: torch.device) -> bool:
 def split_kernel_launch(launch: dict, block_size: int, kv_quant: int) -> tuple[dict, dict]:
     """A kv16 / kv8 launch entry as _decode_split_kernel takes it: (constexprs, Triton options). Shared by the
     launcher and compile_check, so both compile the same kernel. split_round is the host's split plan (_plan);
-    page_loop needs pages of at least BLOCK_N tokens; int8_qk applies to int8 caches only (kv_quant 2: the kv8
-    entry also serves fp8 caches)."""
-    options = dict(launch)
+    page_loop needs pages of at least BLOCK_N tokens; int8_qk and the kv8 entry's own "int8" options apply to int8
+    caches only (kv_quant 2: the kv8 entry also serves fp8 caches)."""
+    options = {k: v for k, v in launch.items() if k != "int8"}
+    if kv_quant == 2:
+        options.update(launch.get("int8", {}))
     options.pop("split_round", None)
     options.pop("programs_per_cu", None)
     block_n = options.pop("BLOCK_N")
@@ -501,11 +503,11 @@ def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8):
     else:
         splits, min_split = int(num_splits), 1  # exactly min(num_splits, tiles) splits per sequence
     lds = entry["lds_limit"]
-    if lds is not None:
-        need = launch_params.lds_bytes(launch["BLOCK_N"], triton.next_power_of_2(head_dim), launch["num_stages"])
+    for tiles in (launch, {**launch, **launch.get("int8", {})}) if lds is not None else ():
+        need = launch_params.lds_bytes(tiles["BLOCK_N"], triton.next_power_of_2(head_dim), tiles["num_stages"])
         if need > lds:
             raise ValueError(
-                f"decode-attention params for {target}: BLOCK_N={launch['BLOCK_N']} num_stages={launch['num_stages']} "
+                f"decode-attention params for {target}: BLOCK_N={tiles['BLOCK_N']} num_stages={tiles['num_stages']} "
                 f"need ~{need} B of LDS at head_dim {head_dim}, limit {lds} B; lower BLOCK_N or num_stages"
             )
     return launch, splits, min_split

@@ -31,6 +31,9 @@ Keys of an entry:
               for the split plan only (an 8-bit entry's shared memory may leave room for fewer or more
               programs per compute unit than the bf16 one's; H200, kv8 BLOCK_N 32 x 3 stages, 3 programs
               per SM: 1.06-1.10x the sm90 entry's time, so no entry sets it yet);
+              int8 (kv8 only): launch options merged over kv8 for int8 caches only (fp8 caches take kv8 as it is),
+              from BLOCK_N, num_warps, num_stages, waves_per_eu, matrix_instr_nonkdim, early_convert, page_loop
+              (nothing of the host's split plan: the workspace is sized for kv8 whatever the kind);
   lds_limit   bytes of LDS one workgroup may use on ROCm; the launcher rejects a configuration
               whose estimate (lds_bytes) exceeds it, naming the knobs to lower.
 
@@ -54,6 +57,11 @@ _WIDTH_SPLIT_KEYS = ("programs_per_cu",)  # split keys a kv16 / kv8 entry may se
 _CHOICES = {"early_convert": ((0, 1, 2), "0, 1 or 2"), "int8_qk": ((0, 1), "0 or 1"), "page_loop": ((0, 1), "0 or 1"),
             "split_round": (("up", "down"), '"up" or "down"')}
 _KV8_ONLY = ("early_convert", "int8_qk")
+# kv8 only: launch options for int8 caches, merged over the kv8 entry (which fp8 caches take as it is); only what
+# leaves the host's split plan alone (the workspace is sized for kv8 without knowing the cache's kind)
+_INT8 = "int8"
+_INT8_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
+                      "page_loop")
 
 # DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
 # - BLOCK_N 32 at head_dim 256: a 16 KiB bf16 K/V tile per stage plus the 8 KiB Q tile in LDS.
@@ -97,8 +105,12 @@ PARAMS = {
         # 0.994-0.998x), int8 / bf16 at 16-32K 0.70-0.79 / 0.62-0.67 / 0.64-0.66 / 0.67-0.68x at batch 1 / 4 / 16 / 64;
         # the GPU decode tests pass with it (bench/results/2026-12-02-nvidia-h200-decode-attention-kv8-warps.md:
         # 8 warps, 8 warps x 4 stages, BLOCK_N 32 x 4 / 6 stages were 1.08-1.34x slower)
+        # int8: 2 warps (int8 caches only): 0.973 / 0.975x the entry's int8 time in two calls (geomean over batch
+        # 1/4/16/64 x 4-32K; 0.93-0.96x at batch 4-16), where fp8 with hardware decode ran 0.947-0.953x but software
+        # decode 1.07-1.08x, and software has to stay within 10% of hardware (issue #17), so fp8 keeps 4 warps
+        # (bench/results/2026-12-02-h200-decode-kv8-prologue-warps.md)
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
-                "split_round": "down", "int8_qk": 1},
+                "split_round": "down", "int8_qk": 1, "int8": {"num_warps": 2}},
     },
     "gfx936": dict(_DCU),
     "gfx928": dict(_DCU),
@@ -135,9 +147,13 @@ def _parse_override(text: str) -> dict:
     override = parse_override_object(ENV_VAR, text, set(_SPLIT_KEYS) | set(_LAUNCH_KEYS) | {"kv16", "kv8"})
     for sub in ("kv16", "kv8"):
         if sub in override:
-            keys = list(_LAUNCH_KEYS) + list(_WIDTH_SPLIT_KEYS)
+            keys = list(_LAUNCH_KEYS) + list(_WIDTH_SPLIT_KEYS) + ([_INT8] if sub == "kv8" else [])
             if not isinstance(override[sub], dict) or set(override[sub]) - set(keys):
                 raise ValueError(f"{ENV_VAR}: '{sub}' must be an object with keys from {keys}")
+            int8_opts = override[sub].get(_INT8)
+            if int8_opts is not None and (not isinstance(int8_opts, dict) or set(int8_opts) - set(_INT8_KEYS)):
+                raise ValueError(f"{ENV_VAR}: 'kv8.{_INT8}' must be an object with keys from "
+                                 f"{list(_INT8_KEYS)}")
     return override
 
 
@@ -146,7 +162,14 @@ def _check_ints(entry: dict, where: str):
         if not isinstance(entry[key], int) or entry[key] < 1:
             raise ValueError(f"{where}: {key} must be a positive integer, got {entry[key]!r}")
     for sub in ("kv16", "kv8"):
-        for key, val in entry[sub].items():
+        items = list(entry[sub].items())
+        int8_opts = entry[sub].get(_INT8)
+        if int8_opts is not None:
+            if sub != "kv8" or not isinstance(int8_opts, dict) or set(int8_opts) - set(_INT8_KEYS):
+                raise ValueError(f"{where}: {_INT8} must be an object inside kv8 with keys from "
+                                 f"{list(_INT8_KEYS)}")
+            items = [kv for kv in items if kv[0] != _INT8] + list(int8_opts.items())
+        for key, val in items:
             if key in _KV8_ONLY and sub != "kv8":
                 raise ValueError(f"{where}: {key} applies to kv8 only")
             if key in _CHOICES:
@@ -155,9 +178,9 @@ def _check_ints(entry: dict, where: str):
                     raise ValueError(f"{where}: {sub}.{key} must be {text}, got {val!r}")
             elif isinstance(val, bool) or not isinstance(val, int) or val < (0 if key == "waves_per_eu" else 1):
                 raise ValueError(f"{where}: {sub}.{key} must be a positive integer, got {val!r}")
-        bn = entry[sub]["BLOCK_N"]
-        if bn < 16 or bn & (bn - 1):
-            raise ValueError(f"{where}: {sub}.BLOCK_N must be a power of two >= 16, got {bn}")
+        for bn in {entry[sub]["BLOCK_N"], (int8_opts or {}).get("BLOCK_N", entry[sub]["BLOCK_N"])}:
+            if bn < 16 or bn & (bn - 1):
+                raise ValueError(f"{where}: {sub}.BLOCK_N must be a power of two >= 16, got {bn}")
 
 
 _CACHE: dict = {}
@@ -190,13 +213,14 @@ def _build_params(target: str, text: str) -> dict:
                 entry[key].update(val)
         for sub in ("kv16", "kv8"):  # null drops an option (e.g. one a Triton build does not know)
             for key in [k for k, v in entry[sub].items() if v is None]:
-                if key not in _ROCM_ONLY:
-                    raise ValueError(f"{where}: only {list(_ROCM_ONLY)} can be dropped with null, not {key}")
+                if key not in _ROCM_ONLY + (_INT8,):
+                    raise ValueError(f"{where}: only {list(_ROCM_ONLY) + [_INT8]} can be dropped with null, "
+                                     f"not {key}")
                 del entry[sub][key]
         entry["measured"] = False
     rocm = target.startswith("gfx") or target == "rocm"
     for sub in ("kv16", "kv8"):
-        bad = [k for k in _ROCM_ONLY if k in entry[sub]] if not rocm else []
+        bad = [k for k in _ROCM_ONLY if k in entry[sub] or k in entry[sub].get(_INT8, {})] if not rocm else []
         if bad:
             raise ValueError(f"{where}: {bad} are ROCm-only options, not valid on {target}")
     _check_ints(entry, where)
