@@ -542,8 +542,8 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     q, out: [batch, q_heads, head_dim] fp16/bf16. k_cache, v_cache: [num_blocks, block_size,
     kv_heads, head_dim], q's dtype, or uint8 codes with kv_quant "fp8" / "int8" and float32
     k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides). K is contiguous in head_dim; V may have any
-    head_dim stride (e.g. pages holding V by dim, tokens contiguous: read correctly, but 1.3-1.8x slower on the
-    H200, bench --v-layouts dim, 2026-12-02). block_table: int32
+    head_dim stride (e.g. pages holding V by dim, tokens contiguous: read correctly, but 1.8x slower on the H200,
+    bench --v-layouts dim, 2026-12-02). block_table: int32
     [>= batch, max_blocks]; seq_lens: int32 [batch] (0 = padded slot, output zeros).
     software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).
     workspace: float32 1-D buffer of at least ``workspace_numel(...)`` elements (preallocated for

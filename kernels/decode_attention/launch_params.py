@@ -106,9 +106,9 @@ PARAMS = {
         # the GPU decode tests pass with it (bench/results/2026-12-02-nvidia-h200-decode-attention-kv8-warps.md:
         # 8 warps, 8 warps x 4 stages, BLOCK_N 32 x 4 / 6 stages were 1.08-1.34x slower)
         # int8: 2 warps (int8 caches only): 0.973 / 0.975x the entry's int8 time in two calls (geomean over batch
-        # 1/4/16/64 x 4-32K; 0.93-0.96x at batch 4-16), where fp8 with hardware decode ran 0.947-0.953x but software
-        # decode 1.07-1.08x, and software has to stay within 10% of hardware (issue #17), so fp8 keeps 4 warps
-        # (bench/results/2026-12-02-h200-decode-kv8-prologue-warps.md)
+        # 1/4/16/64 x 4-32K; 0.93-0.97x per cell at batch 4-16 from 16K, 0.98-1.02x at batch 1), where fp8 with
+        # hardware decode ran 0.947-0.953x but software decode 1.07-1.08x, and software has to stay within 10% of
+        # hardware (issue #17), so fp8 keeps 4 warps (bench/results/2026-12-02-h200-decode-kv8-prologue-warps.md)
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
                 "split_round": "down", "int8_qk": 1, "int8": {"num_warps": 2}},
     },
