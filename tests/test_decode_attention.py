@@ -530,6 +530,20 @@ def test_a_width_may_set_its_own_programs_per_cu(params, monkeypatch):
         launch_params.get_params("sm90", override='{"kv8": {"programs_per_cu": 0}}')
 
 
+def test_a_width_may_set_its_own_min_split_tokens(params):
+    # kv8.min_split_tokens reaches the plan of 8-bit caches only, and both stages use it (output = reference)
+    import importlib
+
+    da = importlib.import_module("kernels.decode_attention.decode_attention")
+    params(kv8={"min_split_tokens": 96, "BLOCK_N": 16}, min_split_tokens=16)
+    cpu = torch.device("cpu")
+    assert da._plan(1, 4, 2, 32, cpu, None, kv8=True)[2] == 96
+    assert da._plan(1, 4, 2, 32, cpu, None, kv8=False)[2] == 16
+    assert "min_split_tokens" not in da.split_kernel_launch(da._plan(1, 4, 2, 32, cpu, None, kv8=True)[0], 48, 2)[1]
+    case = make_case([300, 47, 128], block_size=48, hkv=2, hq=4, kv_quant="int8", seed=11)
+    assert_close(run(case), reference(case), torch.float16)
+
+
 def test_kv8_int8_options_apply_to_int8_caches_only(params):
     # kv8.int8 merges over kv8 for int8 caches (sm90: 2 warps); fp8 caches and the split plan take kv8 as it is
     import importlib

@@ -479,8 +479,8 @@ def split_kernel_launch(launch: dict, block_size: int, kv_quant: int) -> tuple[d
     options = {k: v for k, v in launch.items() if k != "int8"}
     if kv_quant == 2:
         options.update(launch.get("int8", {}))
-    options.pop("split_round", None)
-    options.pop("programs_per_cu", None)
+    for host_only in ("split_round", "programs_per_cu", "min_split_tokens"):
+        options.pop(host_only, None)
     block_n = options.pop("BLOCK_N")
     early_convert = options.pop("early_convert", 2)
     consts = dict(BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
@@ -499,7 +499,7 @@ def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8):
         per_cu = {"programs_per_cu": launch.pop("programs_per_cu", entry["programs_per_cu"])}  # this width's own
         splits = launch_params.num_splits(batch, num_kv_heads, num_compute_units(device), {**entry, **per_cu},
                                           round_down)
-        min_split = entry["min_split_tokens"]
+        min_split = launch.pop("min_split_tokens", entry["min_split_tokens"])  # this width's own, if it sets one
     else:
         splits, min_split = int(num_splits), 1  # exactly min(num_splits, tiles) splits per sequence
     lds = entry["lds_limit"]

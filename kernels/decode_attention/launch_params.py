@@ -30,7 +30,8 @@ Keys of an entry:
               programs_per_cu (inside kv16 / kv8): this width's own value of the entry's programs_per_cu,
               for the split plan only (an 8-bit entry's shared memory may leave room for fewer or more
               programs per compute unit than the bf16 one's; H200, kv8 BLOCK_N 32 x 3 stages, 3 programs
-              per SM: 1.06-1.10x the sm90 entry's time, so no entry sets it yet);
+              per SM: 1.06-1.10x the sm90 entry's time, so no entry sets it yet); min_split_tokens likewise
+              (a sequence's shortest split, so the kernel's own split count at short contexts);
               int8 (kv8 only): launch options merged over kv8 for int8 caches only (fp8 caches take kv8 as it is),
               from BLOCK_N, num_warps, num_stages, waves_per_eu, matrix_instr_nonkdim, early_convert, page_loop
               (nothing of the host's split plan: the workspace is sized for kv8 whatever the kind);
@@ -52,7 +53,7 @@ _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
 _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
                 "page_loop", "split_round", "int8_qk")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
-_WIDTH_SPLIT_KEYS = ("programs_per_cu",)  # split keys a kv16 / kv8 entry may set for its own plan
+_WIDTH_SPLIT_KEYS = ("programs_per_cu", "min_split_tokens")  # split keys a kv16 / kv8 entry may set for its own plan
 # launch keys that take one of a few values: (allowed, how the error names them)
 _CHOICES = {"early_convert": ((0, 1, 2), "0, 1 or 2"), "int8_qk": ((0, 1), "0 or 1"), "page_loop": ((0, 1), "0 or 1"),
             "split_round": (("up", "down"), '"up" or "down"')}
