@@ -122,7 +122,6 @@ def test_tiles_straddling_large_pages_read_each_token_from_its_own_page(params, 
 def _v_by_dim(v_cache):
     """A copy of ``v_cache`` whose pages hold V by dim: [num_blocks, kv heads, head_dim, block_size] in memory, tokens
     contiguous, seen through the same [num_blocks, block_size, kv heads, head_dim] indexing."""
-    nb, bs, h, d = v_cache.shape
     return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 

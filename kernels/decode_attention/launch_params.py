@@ -62,7 +62,7 @@ _KV8_ONLY = ("early_convert", "int8_qk")
 # leaves the host's split plan alone (the workspace is sized for kv8 without knowing the cache's kind)
 _INT8 = "int8"
 _INT8_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
-                      "page_loop")
+              "page_loop")
 
 # DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
 # - BLOCK_N 32 at head_dim 256: a 16 KiB bf16 K/V tile per stage plus the 8 KiB Q tile in LDS.
