@@ -598,6 +598,37 @@ def test_bench_dry_run_writes_json_markdown_and_png(tmp_path, monkeypatch):
     assert "| int8_pth | 2 | 100 |" in next(tmp_path.glob("*.md")).read_text()
 
 
+def test_bench_times_graphs_of_calls_shape_by_shape_with_v_by_dim_rows(tmp_path, monkeypatch):
+    import importlib
+
+    from kernels.decode_attention import bench
+
+    monkeypatch.delenv("VLLM_DCU_BASELINE_UA", raising=False)
+    try:
+        bench.main(["--dry-run", "--quick", "--calls-per-graph", "2", "--v-layouts", "token,dim", "--batches", "1,2",
+                    "--ctxs", "40", "--out", str(tmp_path)])
+    finally:
+        importlib.reload(bench)
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert report["meta"]["calls_per_graph"] == 2 and "--calls-per-graph 2" in report["meta"]["command"]
+    kinds = [r["dtype"] for r in report["rows"]]
+    # timed shape by shape, reported grouped by run (bf16 first, then the 8-bit kinds, then their V-by-dim rows)
+    assert kinds == [k for k in ("bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth", "fp8_pth_hw [Vdim]",
+                                 "fp8_pth_sw [Vdim]", "int8_pth [Vdim]") for _ in (1, 2)]
+    assert all("ratio_vs_bf16" in r for r in report["rows"] if r["dtype"] != "bf16")
+    assert "graphs of 2 calls on different pages" in next(tmp_path.glob("*.md")).read_text()
+
+
+@pytest.mark.parametrize("args,match", [(["--v-layouts", "tile"], "--v-layouts wants token and/or dim"),
+                                        (["--v-layouts", "dim,dim"], "--v-layouts wants"),
+                                        (["--calls-per-graph", "0"], "--calls-per-graph wants 1..64")])
+def test_bench_rejects_bad_timing_options_with_one_line(args, match):
+    from kernels.decode_attention import bench
+
+    with pytest.raises(SystemExit, match=match):
+        bench.main(args)
+
+
 def test_bench_summary_gives_geomeans_against_bf16_the_table_and_an_earlier_run():
     from kernels.decode_attention import bench
 

@@ -582,9 +582,11 @@ def main(argv=None):
     def timed(make_fn, cases):
         return time_graph(make_fn(cases[0])) if n_calls == 1 else time_calls([make_fn(c) for c in cases])
 
-    rows, ours_bf16 = [], {}
-    for dtype, variant, run_config, v_layout in runs:
-        for batch, ctx in itertools.product(BATCHES, CTXS):
+    # Shape by shape, every run of the list in turn (bf16 first): the ratios of one cell come from timings taken
+    # seconds apart, not from blocks of rows minutes apart (clocks and temperature drift between blocks).
+    per_run, ours_bf16 = [[] for _ in runs], {}
+    for batch, ctx in itertools.product(BATCHES, CTXS):
+        for run_rows, (dtype, variant, run_config, v_layout) in zip(per_run, runs):
             cases = [pools.case(dtype, batch, ctx, seed=i, v_layout=v_layout) for i in range(n_calls)]
             c = cases[0]
             us = with_params(run_config, lambda: timed(ours_fn, cases))
@@ -602,12 +604,13 @@ def main(argv=None):
                     ua_us = timed(lambda cc: baseline_fn(ua, cc, ctx), cases)
                     r.update(baseline_us=round(ua_us, 1), speedup_vs_ua=round(ua_us / us, 2),
                              max_abs_diff_vs_ua=float((mine - c["out"].float()).abs().max()))
-                    rows.append(dict(dtype="baseline_bf16", batch=batch, ctx=ctx, us=round(ua_us, 1),
-                                     GBps=round(c["kv_bytes"] / (ua_us * 1e-6) / 1e9)))
+                    run_rows.append(dict(dtype="baseline_bf16", batch=batch, ctx=ctx, us=round(ua_us, 1),
+                                         GBps=round(c["kv_bytes"] / (ua_us * 1e-6) / 1e9)))
             else:
                 r["ratio_vs_bf16"] = round(us / ours_bf16[(batch, ctx)], 2)
-            rows.append(r)
+            run_rows.append(r)
             log(f"{r['dtype']} batch {batch} ctx {ctx}: {us:.1f} us {gbps:.0f} GB/s")
+    rows = [r for run_rows in per_run for r in run_rows]  # grouped by run, as the tables read them
     ua_us = {(r["batch"], r["ctx"]): r["us"] for r in rows if r["dtype"] == "baseline_bf16"}
     for r in rows:
         if r["dtype"] not in ("bf16", "baseline_bf16") and (r["batch"], r["ctx"]) in ua_us:
