@@ -629,6 +629,32 @@ def test_bench_rejects_bad_timing_options_with_one_line(args, match):
         bench.main(args)
 
 
+def _kv8_scored(*rows):
+    return [(cfg, {"int8_pth": [i8], "fp8_pth_sw": [f8]}) for cfg, i8, f8 in rows]
+
+
+def test_bench_sweep_suggests_int8_options_where_int8_is_fastest_with_another_config():
+    from kernels.decode_attention import bench
+
+    a = dict(BLOCK_N=64, num_warps=4, num_stages=3, page_loop=1, split_round="down")
+    b = dict(a, num_warps=2)
+    q = dict(BLOCK_N=32, num_warps=4, num_stages=3, int8_qk=1, split_round="down")  # leaves page_loop out
+    # one config fastest for both kinds: suggested as it is
+    assert bench.kv8_entry(_kv8_scored((a, 10.0, 10.0), (b, 11.0, 12.0))) == a
+    # int8 fastest on 2 warps, fp8 on 4: fp8's config with int8's difference as its own options
+    entry = bench.kv8_entry(_kv8_scored((a, 10.0, 10.0), (b, 9.0, 12.0)))
+    assert entry == dict(a, int8={"num_warps": 2})
+    # int8_qk goes to the top (fp8 caches ignore it); a key one side leaves out counts as its default
+    entry = bench.kv8_entry(_kv8_scored((a, 10.0, 10.0), (q, 9.0, 12.0)))
+    assert entry == dict(a, int8_qk=1, int8={"BLOCK_N": 32, "page_loop": 0})
+    for e in (entry, dict(a, int8={"num_warps": 2})):  # what the sweep suggests is a valid entry
+        launch_params.get_params("sm90", override=json.dumps({"kv8": e}))
+    # a different split plan cannot be an int8 option: the jointly fastest config
+    c = dict(a, split_round="up")
+    assert bench.kv8_entry(_kv8_scored((a, 10.0, 10.0), (c, 8.0, 10.5))) == c
+    assert bench.kv8_entry(_kv8_scored((a, 10.0, 9.0), (c, 9.5, 12.0))) == a
+
+
 def test_bench_summary_gives_geomeans_against_bf16_the_table_and_an_earlier_run():
     from kernels.decode_attention import bench
 

@@ -9,7 +9,8 @@ covers both stages. GB/s = KV bytes read (codes + scales for 8-bit) / time, comp
 device copy (read + write bytes / time). Pages are scattered at random over a pool of 64 x 32K tokens.
 
 First a sweep over launch parameters (BLOCK_N, num_warps, num_stages) and the split policy
-(programs_per_cu, min_split_tokens) picks one configuration per KV width; the main table runs with
+(programs_per_cu, min_split_tokens) picks one configuration per KV width (kv8: the one fastest for software fp8,
+with the int8-fastest one's differences as its "int8" options); the main table runs with
 it and the script prints the launch_params entry to paste. --quick skips the sweep and uses the
 table (or VLLM_DCU_DECODE_PARAMS). --kv8 LABEL=JSON (repeatable, with --quick) times the 8-bit rows once per kv8
 launch entry given, in the same process as the bf16 rows, e.g. --kv8 'n64s3={"BLOCK_N":64,"num_stages":3}'.
@@ -308,24 +309,57 @@ def measure(pools, dtype, shapes, override, rep=50):
     return times
 
 
+# defaults of the kv8 launch keys a candidate may leave out (decode_attention.split_kernel_launch)
+_KV8_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_round": "up"}
+
+
+def kv8_entry(scored):
+    """The kv8 entry to suggest from ``scored`` = [(config, {"int8_pth": [us, ...], "fp8_pth_sw": [us, ...]})]:
+    the configuration fastest for fp8 (software decode, the DCU's path), with the int8-fastest one's differences
+    as its ``"int8"`` options (int8_qk, which fp8 caches ignore, at its top level), so each kind runs at its own best;
+    the jointly fastest configuration when the two differ in anything an int8 sub-entry cannot carry (the split
+    plan: split_round, programs_per_cu)."""
+    def fastest(*dtypes):
+        return min(scored, key=lambda s: geomean([t for d in dtypes for t in s[1][d]]))[0]
+
+    fp8, int8 = fastest("fp8_pth_sw"), fastest("int8_pth")
+    keys = set(fp8) | set(int8)
+    if any(k not in _KV8_DEFAULTS and (k not in fp8 or k not in int8) for k in keys):
+        return dict(fastest("int8_pth", "fp8_pth_sw"))
+    own = {k: int8.get(k, _KV8_DEFAULTS.get(k)) for k in sorted(keys)
+           if int8.get(k, _KV8_DEFAULTS.get(k)) != fp8.get(k, _KV8_DEFAULTS.get(k))}
+    entry = dict(fp8)
+    if "int8_qk" in own:
+        entry["int8_qk"] = own.pop("int8_qk")
+    if set(own) - set(launch_params._INT8_KEYS):
+        return dict(fastest("int8_pth", "fp8_pth_sw"))
+    if own:
+        entry["int8"] = own
+    return entry
+
+
 def sweep(pools, rows):
     best = {}
-    # kv8 serves fp8 and int8: scored on int8 and on the software fp8 decode (the DCU's path)
+    # kv8 serves fp8 and int8: scored on int8 and on the software fp8 decode (the DCU's path), each kind's times kept
+    # apart so the suggestion can give int8 its own launch options (kv8_entry)
     for kind, dtypes in (("kv16", ("bf16",)), ("kv8", ("int8_pth", "fp8_pth_sw"))):
         scored = []
         for cfg in launch_grid()[kind]:
             t0 = time.time()
             try:
-                times = [t for dtype in dtypes for t in measure(pools, dtype, SWEEP_SHAPES, {kind: cfg})]
+                by_dtype = {dtype: measure(pools, dtype, SWEEP_SHAPES, {kind: cfg}) for dtype in dtypes}
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: record and go on
                 rows.append(dict(sweep="launch", kv=kind, config=cfg, error=f"{type(e).__name__}: {str(e)[:120]}"))
                 continue
-            scored.append((geomean(times), cfg))
+            times = [t for dtype in dtypes for t in by_dtype[dtype]]
+            scored.append((cfg, by_dtype))
             rows.append(dict(sweep="launch", kv=kind, dtypes=dtypes, config=cfg, shapes=SWEEP_SHAPES,
-                             us=[round(t, 1) for t in times],
-                             geomean_us=round(scored[-1][0], 2)))
+                             us=[round(t, 1) for t in times], geomean_us=round(geomean(times), 2)))
             log(f"sweep {kind} {cfg}: {[round(t, 1) for t in times]} us ({time.time() - t0:.1f} s)")
-        best[kind] = min(scored, key=lambda x: x[0])[1]
+        if kind == "kv8":
+            best[kind] = kv8_entry(scored)
+        else:
+            best[kind] = min(scored, key=lambda s: geomean(s[1]["bf16"]))[0]
     split_scored = []
     for ppc, msplit in itertools.product((1, 2, 3, 4, 8), (64, 128, 256, 512)):
         override = dict(kv16=best["kv16"], kv8=best["kv8"], programs_per_cu=ppc, min_split_tokens=msplit)
