@@ -20,7 +20,7 @@ before a change, `git archive REV kernels` run first in the same call).
 
 --calls-per-graph N (N > 1) times graphs of N calls, each on its own pages, per call and without the L2 flush
 do_bench puts before every replay: as the layers of a captured decode step follow each other (H200: bf16's fixed
-cost per call 9.1 us instead of 12.8, 8-bit's 12.5 instead of 16.4; the 8-bit / bf16 ratios within 1-3%).
+cost per call 9.1 us instead of 12.8, 8-bit's 12.5 instead of 16.4; the 8-bit / bf16 ratios within 4%).
 --v-layouts token,dim adds 8-bit rows that read V as if each page stored it by dim (tokens contiguous).
 
 Baseline: the file named by VLLM_DCU_BASELINE_UA (0.18.1's triton_unified_attention.py, loaded
