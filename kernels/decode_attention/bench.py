@@ -309,10 +309,6 @@ def measure(pools, dtype, shapes, override, rep=50):
     return times
 
 
-# defaults of the kv8 launch keys a candidate may leave out (decode_attention.split_kernel_launch)
-_KV8_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_round": "up"}
-
-
 def kv8_entry(scored):
     """The kv8 entry to suggest from ``scored`` = [(config, {"int8_pth": [us, ...], "fp8_pth_sw": [us, ...]})]:
     the configuration fastest for fp8 (software decode, the DCU's path), with the int8-fastest one's differences
@@ -323,16 +319,16 @@ def kv8_entry(scored):
         return min(scored, key=lambda s: geomean([t for d in dtypes for t in s[1][d]]))[0]
 
     fp8, int8 = fastest("fp8_pth_sw"), fastest("int8_pth")
+    defaults = launch_params.LAUNCH_DEFAULTS  # a key a candidate leaves out counts as what the launcher takes
     keys = set(fp8) | set(int8)
-    if any(k not in _KV8_DEFAULTS and (k not in fp8 or k not in int8) for k in keys):
+    own = {k: int8.get(k, defaults.get(k)) for k in sorted(keys)
+           if int8.get(k, defaults.get(k)) != fp8.get(k, defaults.get(k))}
+    if (any(k not in defaults and (k not in fp8 or k not in int8) for k in keys)
+            or set(own) - {"int8_qk", *launch_params._INT8_KEYS}):
         return dict(fastest("int8_pth", "fp8_pth_sw"))
-    own = {k: int8.get(k, _KV8_DEFAULTS.get(k)) for k in sorted(keys)
-           if int8.get(k, _KV8_DEFAULTS.get(k)) != fp8.get(k, _KV8_DEFAULTS.get(k))}
     entry = dict(fp8)
     if "int8_qk" in own:
         entry["int8_qk"] = own.pop("int8_qk")
-    if set(own) - set(launch_params._INT8_KEYS):
-        return dict(fastest("int8_pth", "fp8_pth_sw"))
     if own:
         entry["int8"] = own
     return entry

@@ -482,11 +482,12 @@ def split_kernel_launch(launch: dict, block_size: int, kv_quant: int) -> tuple[d
     for host_only in ("split_round", "programs_per_cu", "min_split_tokens"):
         options.pop(host_only, None)
     block_n = options.pop("BLOCK_N")
-    early_convert = options.pop("early_convert", 2)
+    defaults = launch_params.LAUNCH_DEFAULTS
+    early_convert = options.pop("early_convert", defaults["early_convert"])
     consts = dict(BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
-                  PAGE_LOOP=bool(options.pop("page_loop", 0)) and block_size >= block_n,
+                  PAGE_LOOP=bool(options.pop("page_loop", defaults["page_loop"])) and block_size >= block_n,
                   K_PURE=early_convert < 2, V_PURE=early_convert < 1,
-                  INT8_QK=bool(options.pop("int8_qk", 0)) and kv_quant == 2)
+                  INT8_QK=bool(options.pop("int8_qk", defaults["int8_qk"])) and kv_quant == 2)
     return consts, options
 
 
@@ -494,7 +495,7 @@ def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8):
     target = launch_params.current_target(device)
     entry = launch_params.get_params(target)
     launch = dict(entry["kv8" if kv8 else "kv16"])
-    round_down = launch.pop("split_round", "up") == "down"
+    round_down = launch.pop("split_round", launch_params.LAUNCH_DEFAULTS["split_round"]) == "down"
     if num_splits is None:
         per_cu = {"programs_per_cu": launch.pop("programs_per_cu", entry["programs_per_cu"])}  # this width's own
         splits = launch_params.num_splits(batch, num_kv_heads, num_compute_units(device), {**entry, **per_cu},

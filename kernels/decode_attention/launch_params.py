@@ -58,11 +58,13 @@ _WIDTH_SPLIT_KEYS = ("programs_per_cu", "min_split_tokens")  # split keys a kv16
 _CHOICES = {"early_convert": ((0, 1, 2), "0, 1 or 2"), "int8_qk": ((0, 1), "0 or 1"), "page_loop": ((0, 1), "0 or 1"),
             "split_round": (("up", "down"), '"up" or "down"')}
 _KV8_ONLY = ("early_convert", "int8_qk")
+# what the launcher (decode_attention.split_kernel_launch, _plan) takes for a launch key an entry leaves out
+LAUNCH_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_round": "up"}
 # kv8 only: launch options for int8 caches, merged over the kv8 entry (which fp8 caches take as it is); only what
-# leaves the host's split plan alone (the workspace is sized for kv8 without knowing the cache's kind)
+# leaves the host's split plan alone (the workspace is sized for kv8 without knowing the cache's kind), and not
+# int8_qk (int8-only already)
 _INT8 = "int8"
-_INT8_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
-              "page_loop")
+_INT8_KEYS = tuple(k for k in _LAUNCH_KEYS if k not in ("split_round", "int8_qk"))
 
 # DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
 # - BLOCK_N 32 at head_dim 256: a 16 KiB bf16 K/V tile per stage plus the 8 KiB Q tile in LDS.
@@ -151,10 +153,6 @@ def _parse_override(text: str) -> dict:
             keys = list(_LAUNCH_KEYS) + list(_WIDTH_SPLIT_KEYS) + ([_INT8] if sub == "kv8" else [])
             if not isinstance(override[sub], dict) or set(override[sub]) - set(keys):
                 raise ValueError(f"{ENV_VAR}: '{sub}' must be an object with keys from {keys}")
-            int8_opts = override[sub].get(_INT8)
-            if int8_opts is not None and (not isinstance(int8_opts, dict) or set(int8_opts) - set(_INT8_KEYS)):
-                raise ValueError(f"{ENV_VAR}: 'kv8.{_INT8}' must be an object with keys from "
-                                 f"{list(_INT8_KEYS)}")
     return override
 
 
@@ -167,8 +165,8 @@ def _check_ints(entry: dict, where: str):
         int8_opts = entry[sub].get(_INT8)
         if int8_opts is not None:
             if sub != "kv8" or not isinstance(int8_opts, dict) or set(int8_opts) - set(_INT8_KEYS):
-                raise ValueError(f"{where}: {_INT8} must be an object inside kv8 with keys from "
-                                 f"{list(_INT8_KEYS)}")
+                raise ValueError(f"{where}: '{sub}.{_INT8}' must be an object with keys from {list(_INT8_KEYS)} "
+                                 "(kv8 only)")
             items = [kv for kv in items if kv[0] != _INT8] + list(int8_opts.items())
         for key, val in items:
             if key in _KV8_ONLY and sub != "kv8":
@@ -219,12 +217,12 @@ def _build_params(target: str, text: str) -> dict:
                                      f"not {key}")
                 del entry[sub][key]
         entry["measured"] = False
+    _check_ints(entry, where)  # first: the ROCm check below reads the int8 options as the object it checks
     rocm = target.startswith("gfx") or target == "rocm"
     for sub in ("kv16", "kv8"):
         bad = [k for k in _ROCM_ONLY if k in entry[sub] or k in entry[sub].get(_INT8, {})] if not rocm else []
         if bad:
             raise ValueError(f"{where}: {bad} are ROCm-only options, not valid on {target}")
-    _check_ints(entry, where)
     return entry
 
 
