@@ -45,3 +45,9 @@ def huge_v_keys_below_the_max(d, block_size=16):
             k[int(table[0, page]), slot, :, 0] = -8.0 / (d**-0.5 * 4.0)
         k[int(table[0, 0]), 0, :, 0] = 0.0
     return fn
+
+
+def v_by_dim(v_cache):
+    """A copy of ``v_cache`` whose pages hold V by dim ([num_blocks, kv heads, head_dim, block_size] in memory, tokens
+    contiguous), seen through the same [num_blocks, block_size, kv heads, head_dim] indexing."""
+    return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)

@@ -19,7 +19,12 @@ from kernels.decode_attention import decode_attention, launch_params, workspace_
 from kernels.decode_attention.decode_attention import _codes_to_f16  # noqa: E402
 from kernels.decode_attention.reference import paged_decode_reference  # noqa: E402
 from kernels.kv_quant.reference import quantized_paged_cache  # noqa: E402
-from tests.attention_checks import assert_rel_close, huge_v_keys_below_the_max, subnormals_flushed  # noqa: E402
+from tests.attention_checks import (  # noqa: E402
+    assert_rel_close,
+    huge_v_keys_below_the_max,
+    subnormals_flushed,
+    v_by_dim,
+)
 
 # (max abs error, error norm / reference norm): P and the output are rounded to the query dtype
 TOL = {torch.float16: (2e-3, 1e-3), torch.bfloat16: (4e-2, 1e-2)}
@@ -119,12 +124,6 @@ def test_tiles_straddling_large_pages_read_each_token_from_its_own_page(params, 
     assert_close(run(case, num_splits=3, software_fp8=True), reference(case), torch.float16)
 
 
-def _v_by_dim(v_cache):
-    """A copy of ``v_cache`` whose pages hold V by dim: [num_blocks, kv heads, head_dim, block_size] in memory, tokens
-    contiguous, seen through the same [num_blocks, block_size, kv heads, head_dim] indexing."""
-    return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-
-
 @pytest.mark.parametrize("kv_quant,int8_qk", [(None, 0), ("fp8", 0), ("int8", 0), ("int8", 1)])
 @pytest.mark.parametrize("page_loop", [0, 1])
 def test_v_stored_by_dim_gives_the_same_output_as_by_token(params, kv_quant, int8_qk, page_loop):
@@ -132,7 +131,7 @@ def test_v_stored_by_dim_gives_the_same_output_as_by_token(params, kv_quant, int
     params(kv8={"BLOCK_N": 16, "page_loop": page_loop, "int8_qk": int8_qk}, kv16={"BLOCK_N": 16})
     case = make_case([3, 70, 45], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant=kv_quant, seed=6)
     want = run(case, num_splits=2, software_fp8=True)
-    by_dim = dict(case, v_cache=_v_by_dim(case["v_cache"]))
+    by_dim = dict(case, v_cache=v_by_dim(case["v_cache"]))
     assert by_dim["v_cache"].stride(1) == 1 and torch.equal(by_dim["v_cache"], case["v_cache"])
     assert torch.equal(run(by_dim, num_splits=2, software_fp8=True), want)
     assert_close(want, reference(case), torch.bfloat16)

@@ -18,7 +18,7 @@ from kernels.decode_attention import decode_attention, launch_params, workspace_
 from kernels.decode_attention.decode_attention import _codes_to_f16, _decode_split_kernel, _merge_splits_kernel
 from kernels.decode_attention.reference import paged_decode_reference
 from kernels.kv_quant.reference import quantized_paged_cache
-from tests.attention_checks import assert_rel_close
+from tests.attention_checks import assert_rel_close, v_by_dim
 
 pytestmark = pytest.mark.gpu
 da_module = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
@@ -164,8 +164,7 @@ def test_v_stored_by_dim_gives_the_same_output_as_by_token(monkeypatch, kv_quant
     monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"early_convert": early_convert}}))
     case = make_case([5000, 1553, 3], 1552, kv_quant=kv_quant, seed=8)
     want = run(case, software_fp8=software)
-    v = case["v_cache"]
-    by_dim = dict(case, v_cache=v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2))
+    by_dim = dict(case, v_cache=v_by_dim(case["v_cache"]))
     assert by_dim["v_cache"].stride(1) == 1
     assert torch.equal(run(by_dim, software_fp8=software), want)
     check(want, case)
