@@ -45,6 +45,7 @@ import types
 import torch
 import triton
 
+from ..gemv.dispatch import time_on_device
 from ..kv_quant.layout import kv_cache_shape, split_kv_cache
 from . import launch_params
 from .decode_attention import _plan, decode_attention, workspace_numel
@@ -211,30 +212,12 @@ def baseline_fn(ua, c, ctx):
 def time_calls(fns, reps=20):
     """us per call of a CUDA/HIP graph that runs every fn of ``fns`` in turn (each on its own KV pages), timed
     with events around the replay, no cache flush between replays: as the calls of one layer after another sit in
-    a captured decode step, launch overhead shared and the L2 holding the previous call's clean lines."""
+    a captured decode step, launch overhead shared and the L2 holding the previous call's clean lines. The GEMV
+    dispatch's timer, with 50 ms of replays first (clocks back up after a compile's idle time)."""
     if DEV == "cpu":
         return time_graph(fns[0])
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for fn in fns:
-            fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    warm_until = time.perf_counter() + 0.05  # 50 ms of replays first: clocks back up after a compile's idle time
-    while time.perf_counter() < warm_until:
-        g.replay()
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(fns))
-    del g
-    return sorted(times)[len(times) // 2]
+    return time_on_device({"calls": lambda i: fns[i]()}, len(fns), reps=reps, min_calls=len(fns),
+                          warmup_s=0.05)["calls"]
 
 
 def time_graph(fn, rep=100):

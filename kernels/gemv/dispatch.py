@@ -297,14 +297,16 @@ class DispatchTable:
 # --- timing on the device (torch only) ----------------------------------------------------------
 
 def time_on_device(calls: dict, copies: int = 1, *, reps: int = 7, min_calls: int = 4, use_graph: bool = True,
-                   log: Callable[[str], None] | None = None) -> dict:
+                   warmup_s: float = 0.0, log: Callable[[str], None] | None = None) -> dict:
     """Median time in us of one call of each ``calls[name](i)`` (i: which copy of the inputs, 0 ..
     copies - 1, so small weights can be read from more memory than the L2 cache holds).
 
     Each side is captured in a CUDA/HIP graph of ``max(copies, min_calls)`` calls (launch overhead
     excluded, as in a captured decode step) and replayed ``reps`` times, the sides interleaved; a side
     whose capture fails is timed eagerly instead. The first call of each side runs before any
-    capture (Triton compiles there). Must not be called while the current stream is capturing."""
+    capture (Triton compiles there). ``warmup_s``: replay the sides for that long before timing (clocks come back
+    up after a compile's idle time; benchmarks use it, the engine's dispatch does not). Must not be called while the
+    current stream is capturing."""
     import torch
 
     if torch.cuda.is_current_stream_capturing():
@@ -334,6 +336,11 @@ def time_on_device(calls: dict, copies: int = 1, *, reps: int = 7, min_calls: in
                 torch.cuda.synchronize()
         if runners[name] is None:
             runners[name] = (lambda f=fn: [f(j % copies) for j in range(n_calls)])
+    warm_until = time.perf_counter() + warmup_s
+    while time.perf_counter() < warm_until:
+        for run in runners.values():
+            run.replay() if isinstance(run, torch.cuda.CUDAGraph) else run()
+        torch.cuda.synchronize()
     times = {name: [] for name in calls}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(reps):
