@@ -8,6 +8,8 @@ the contest's decode; TTFT is eager prefill (the same for every build except att
 
   TTFT(n) = best of 2 wall times of a 1-token request with a fresh n-token prompt
   TPOT(n) = (wall time of a 1+OUT-token request - TTFT(n)) / OUT, best of 2
+  first request(n) = wall time of the untimed 4-token request that opens each length (what a server's first user
+  at that length waits, compiles and autotuning included)
 
 Configurations: NAME=VARIANT:BACKEND:KV_DTYPE[:KEY=VALUE[,KEY=VALUE...]], e.g. base=base:TRITON_ATTN:auto
 full-int8=full:DCU_TRITON_ATTN:int8_per_token_head no-prefill-kernel=full:DCU_TRITON_ATTN:auto:VLLM_DCU_PREFILL_ATTN=0 (the
@@ -49,16 +51,24 @@ def phase(name: str) -> None:
     print(f"e2e-phase {name}", file=sys.stderr, flush=True)
 
 
-def compiles_by_phase(stderr: str) -> dict:
-    """{phase: [kernel, ...]} from the e2e-phase markers and ci/gpu/diag's triton-compile lines."""
+def compiles_by_phase(stderr: str, event: str = "triton-compile") -> dict:
+    """{phase: [kernel, ...]} from the e2e-phase markers and ci/gpu/diag's lines of one kind: triton-compile (a JIT
+    compile) or triton-autotune (an autotuning lookup that missed the process's results: a sweep on a fresh
+    machine)."""
     out, cur = {"start": []}, "start"
     for line in stderr.splitlines():
         if line.startswith("e2e-phase "):
             cur = line.split(" ", 1)[1].strip()
             out.setdefault(cur, [])
-        elif line.startswith("triton-compile ") and " kernel=" in line:
+        elif line.startswith(event + " ") and " kernel=" in line:
             out[cur].append(line.split(" kernel=", 1)[1].split(" ", 1)[0])
     return out
+
+
+def diag_lines(stderr: str) -> str:
+    """The phase markers and ci/gpu/diag's lines of a worker's stderr (kept beside the results with --compile-log)."""
+    keep = ("e2e-phase ", "triton-compile ", "triton-autotune ")
+    return "".join(line + "\n" for line in stderr.splitlines() if line.startswith(keep))
 
 
 def worker(cfg: dict) -> None:
@@ -77,6 +87,7 @@ def worker(cfg: dict) -> None:
         kw["block_size"] = int(os.environ["E2E_BLOCK_SIZE"])
     llm = LLM(**kw)
     start_s = time.perf_counter() - t0
+    kv_blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
     phase("engine-up")
     rnd = random.Random(0)
 
@@ -94,17 +105,18 @@ def worker(cfg: dict) -> None:
     n_out = cfg["out_tokens"]
     for n_in in cfg["inputs"]:
         phase(f"first-request-{n_in}")
-        gen(n_in, 4)  # warm this length's shapes
+        first = gen(n_in, 4)  # warm this length's shapes
         phase(f"timed-{n_in}")
         ttft = min(gen(n_in, 1) for _ in range(2))
         tall = min(gen(n_in, 1 + n_out) for _ in range(2))
-        rows.append(dict(input=n_in, ttft_ms=round(ttft * 1e3, 2), tpot_ms=round((tall - ttft) / n_out * 1e3, 4)))
+        rows.append(dict(input=n_in, ttft_ms=round(ttft * 1e3, 2), tpot_ms=round((tall - ttft) / n_out * 1e3, 4),
+                         first_request_s=round(first, 2)))
         print(f"e2e {cfg['name']}: {rows[-1]}", flush=True)
     import vllm
 
     print("RESULT " + json.dumps(dict(name=cfg["name"], variant=cfg["variant"], version=vllm.__version__,
                                       backend=cfg["backend"], kv=cfg["kv"], env=cfg["env"], start_s=round(start_s, 1),
-                                      rows=rows)),
+                                      kv_blocks=kv_blocks, rows=rows)),
           flush=True)
 
 
@@ -120,8 +132,8 @@ def main() -> int:
                     help="scratch folder for the dummy model's config (default: $BENCH_WORK, else vllm-dcu-e2e in "
                          "the system's temporary folder: %(default)s)")
     ap.add_argument("--compile-log", action="store_true",
-                    help="log Triton compiles (ci/gpu/diag) and count them per phase: start, each length's first "
-                         "request, the timed requests")
+                    help="log Triton compiles and autotuning lookups (ci/gpu/diag) and count them per phase: start, "
+                         "each length's first request, the timed requests; the lines go to compile-log-NAME.txt")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -176,11 +188,12 @@ def main() -> int:
                  f"{args.layers} layers (dummy Qwen3.5-27B shapes), compilation mode NONE + full CUDA graphs for "
                  f"decode, TPOT over {args.out_tokens} tokens; ratios are to `{results[0]['name']}` "
                  "(lower is better).", "",
-                 "| config | backend | kv | env | input | TTFT ms | TPOT ms | TTFT x base | TPOT x base |",
-                 "|---|---|---|---|---|---|---|---|---|"]
+                 "| config | backend | kv | env | input | TTFT ms | TPOT ms | TTFT x base | TPOT x base "
+                 "| first request s |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
         for r in results:
             if r.get("failed"):
-                lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | | FAILED | | | | |")
+                lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | | FAILED | | | | | |")
                 continue
             for row in r["rows"]:
                 b = next((x for x in base["rows"] if x["input"] == row["input"]), None) if base else None
@@ -188,7 +201,14 @@ def main() -> int:
                 rp = f"{row['tpot_ms'] / b['tpot_ms']:.3f}" if b else "-"
                 env_s = " ".join(f"{k}={v}" for k, v in (r.get("env") or {}).items()) or "-"
                 lines.append(f"| {r['name']} | {r['backend']} | {r['kv']} | {env_s} | {row['input']} | "
-                             f"{row['ttft_ms']} | {row['tpot_ms']} | {rt} | {rp} |")
+                             f"{row['ttft_ms']} | {row['tpot_ms']} | {rt} | {rp} | {row.get('first_request_s', '-')} |")
+        starts = [f"{r['name']} {r['start_s']} s ({r.get('kv_blocks')} KV blocks)" for r in results
+                  if r.get("start_s") is not None]
+        if starts:
+            lines += ["", "Engine start (LLM() construction, warm-ups and graph capture included; the KV blocks vLLM "
+                      "sized after its memory profile): " + ", ".join(starts),
+                      "", "First request s: the untimed 4-token request that opens each length (its compiles and "
+                      "autotuning happen there)."]
         if any("compiles" in r for r in results):
             lines += ["", "Triton compiles per phase (ci/gpu/diag): start = engine construction incl. warmups; "
                       "first-request-N = the first request at each length; timed-N = the measured requests.", "",
@@ -197,6 +217,14 @@ def main() -> int:
                 if "compiles" in r:
                     ph = ", ".join(f"{k} {v}" for k, v in r["compiles"].items())
                     lines.append(f"| {r['name']} | {ph} | {', '.join(r['compiled_after_start']) or '-'} |")
+            lines += ["", "Triton autotuning lookups that missed the process's own results, per phase (each is a sweep "
+                      "of the kernel's configurations on a machine without the autotuning cache; lines in "
+                      "compile-log-NAME.txt):", "", "| config | lookups by phase | kernels looked up after start |",
+                      "|---|---|---|"]
+            for r in results:
+                if "autotunes" in r:
+                    ph = ", ".join(f"{k} {v}" for k, v in r["autotunes"].items())
+                    lines.append(f"| {r['name']} | {ph} | {', '.join(r['autotuned_after_start']) or '-'} |")
         md = "\n".join(lines) + "\n"
         results_io.write_text(out / f"{stem}.md", md)
         return md
@@ -228,6 +256,12 @@ def main() -> int:
             phases = compiles_by_phase(stderr)
             res["compiles"] = {k: len(v) for k, v in phases.items()}
             res["compiled_after_start"] = sorted({k for ph, ks in phases.items() if ph != "start" for k in ks})
+            tunes = compiles_by_phase(stderr, "triton-autotune")
+            res["autotunes"] = {k: len(v) for k, v in tunes.items()}
+            res["autotuned_after_start"] = sorted({k for ph, ks in tunes.items() if ph != "start" for k in ks})
+        if args.compile_log:
+            results_io = _load("results_io", REPO / "kernels" / "results_io.py")
+            results_io.write_text(out / f"compile-log-{cfg['name']}.txt", diag_lines(stderr))
         results.append(res)
         md = write(results)
     print(md, flush=True)

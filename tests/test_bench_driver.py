@@ -366,3 +366,23 @@ def test_e2e_offline_counts_triton_compiles_per_phase():
     ])
     assert mod.compiles_by_phase(stderr) == {"start": ["vllm.a._prefill_kernel"], "engine-up": [],
                                              "first-request-4096": ["fla.ops.chunk_fwd_h"], "timed-4096": []}
+
+
+def test_e2e_offline_counts_autotune_lookups_per_phase_and_keeps_the_diag_lines():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("e2e_offline_under_test", os.path.join(REPO, "bench", "e2e_offline.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    stderr = "\n".join([
+        "triton-autotune pid=1 t=1.0 kernel=fla.ops.cumsum.k disk=miss key=(1, 48, 64, 'torch.float32')",
+        "INFO engine started",
+        "e2e-phase first-request-4096",
+        "triton-compile pid=1 t=2.0 s=0.50 kernel=fla.ops.chunk_fwd_h constexprs={} spec=T: i32",
+        "triton-autotune pid=1 t=2.5 kernel=fla.ops.chunk_o.k disk=hit key=(48, 128)",
+    ])
+    assert mod.compiles_by_phase(stderr, "triton-autotune") == {"start": ["fla.ops.cumsum.k"],
+                                                                "first-request-4096": ["fla.ops.chunk_o.k"]}
+    assert mod.compiles_by_phase(stderr) == {"start": [], "first-request-4096": ["fla.ops.chunk_fwd_h"]}
+    kept = mod.diag_lines(stderr).splitlines()
+    assert len(kept) == 4 and "INFO engine started" not in kept and kept[1] == "e2e-phase first-request-4096"
