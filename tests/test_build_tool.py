@@ -425,6 +425,32 @@ def test_refresh_writes_a_new_commit_as_a_patch_with_a_header_skeleton(synth):
     assert series_names(repo) == [*SYNTHETIC_SERIES, "0004-add-c.patch"]
 
 
+SERIES_WITH_GROUPS = "# head\n\n# 0. a\n0001-a.patch\n# 1. b\n0002-b.patch\n# 2. c\n0003-c.patch\n"
+
+
+@pytest.mark.parametrize("order,expected", [
+    # a new last patch lands under the last entry, every comment where it was
+    (["0001-a.patch", "0002-b.patch", "0003-c.patch", "0004-d.patch"],
+     "# head\n\n# 0. a\n0001-a.patch\n# 1. b\n0002-b.patch\n# 2. c\n0003-c.patch\n0004-d.patch\n"),
+    # a new patch between two: right after the one before it in commit order
+    (["0001-a.patch", "0001x-new.patch", "0002-b.patch", "0003-c.patch"],
+     "# head\n\n# 0. a\n0001-a.patch\n0001x-new.patch\n# 1. b\n0002-b.patch\n# 2. c\n0003-c.patch\n"),
+    # a new first patch: before the first entry; a dropped one: its line goes
+    (["0000-z.patch", "0001-a.patch", "0003-c.patch"],
+     "# head\n\n# 0. a\n0000-z.patch\n0001-a.patch\n# 1. b\n# 2. c\n0003-c.patch\n"),
+    # same count, reordered: each entry line takes the name at its position
+    (["0002-b.patch", "0001-a.patch", "0003-c.patch"],
+     "# head\n\n# 0. a\n0002-b.patch\n# 1. b\n0001-a.patch\n# 2. c\n0003-c.patch\n"),
+    # reordered and grown: entries to the end, comments kept
+    (["0002-b.patch", "0001-a.patch", "0003-c.patch", "0004-d.patch"],
+     "# head\n\n# 0. a\n# 1. b\n# 2. c\n0002-b.patch\n0001-a.patch\n0003-c.patch\n0004-d.patch\n"),
+])
+def test_refresh_keeps_the_series_comments_beside_their_entries(order, expected):
+    from tools.dcubuild.edit import series_in_commit_order
+
+    assert series_in_commit_order(SERIES_WITH_GROUPS, order) == expected
+
+
 def test_refresh_refuses_a_commit_that_carries_a_file_the_build_stamps(synth):
     """A build run inside the edit tree stamps vllm/_version.py; `git commit -a --amend` then sweeps the stamp
     into the last patch. Refresh must stop with one clear line and leave patches/ as it was."""

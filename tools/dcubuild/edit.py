@@ -64,15 +64,40 @@ def refresh(repo: Path, tree: Path) -> None:
     for name, text in changed.items():
         _write(repo / "patches" / name, text)
         log(f"refresh patches/{name}")
-    # keep comments where they are; entries follow the commit order
     series = repo / "patches" / "series"
-    lines = series.read_text().splitlines()
-    entry_idx = [lineno - 1 for lineno, _ in series_entries(series.read_text())]
-    if len(entry_idx) != len(order):
-        lines = [l for l in lines if not l.split("#", 1)[0].strip()] + order
-    else:
-        for i, name in zip(entry_idx, order):
-            lines[i] = name
-    _write(series, "\n".join(lines) + "\n")
+    _write(series, series_in_commit_order(series.read_text(), order))
     for name in set(series_patches) - set(order):
         log(f"note    {name} has no commit in the edit tree: it was dropped from the series (file kept)")
+
+
+def series_in_commit_order(text: str, order: list[str]) -> str:
+    """The series file with its entries in ``order`` (the edit tree's commit order), comments kept where they are.
+    The same patches: each entry line takes the name at its position. Otherwise, when the entries still in
+    ``order`` keep their relative order: dropped entries' lines go, each new entry goes right after the entry that
+    precedes it in ``order`` (a new last patch lands under the last one, below the comments above it). Otherwise
+    (a reordering together with an addition or a removal) every entry moves to the end, after the comments."""
+    lines = text.splitlines()
+    entries = [(lineno - 1, name) for lineno, name in series_entries(text)]
+    if sorted(name for _, name in entries) == sorted(order):
+        for (i, _), name in zip(entries, order):
+            lines[i] = name
+        return "\n".join(lines) + "\n"
+    kept = [name for _, name in entries if name in order]
+    if kept == [name for name in order if name in kept]:
+        at = {name: i for i, name in entries}
+        dropped = {i for i, name in entries if name not in order}
+        after: dict[int, list[str]] = {}
+        prev = None
+        for name in order:
+            if name in at:
+                prev = at[name]
+            else:
+                key = prev if prev is not None else (min(at.values()) - 1 if at else len(lines) - 1)
+                after.setdefault(key, []).append(name)  # several after one line keep their commit order
+        out = list(after.get(-1, []))
+        for i, line in enumerate(lines):
+            if i not in dropped:
+                out.append(line)
+            out.extend(after.get(i, []))
+        return "\n".join(out) + "\n"
+    return "\n".join([l for l in lines if not l.split("#", 1)[0].strip()] + order) + "\n"
