@@ -134,11 +134,17 @@ def main() -> int:
     ap.add_argument("--compile-log", action="store_true",
                     help="log Triton compiles and autotuning lookups (ci/gpu/diag) and count them per phase: start, "
                          "each length's first request, the timed requests; the lines go to compile-log-NAME.txt")
+    ap.add_argument("--require-warm-start", action="store_true",
+                    help="with --compile-log: exit 1 (one line per configuration) if anything compiled or looked up "
+                         "an autotuning result after the engine was up (patch 0009's promise)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
         return 0
+    if args.require_warm_start and not args.compile_log:
+        print("e2e_offline: error: --require-warm-start needs --compile-log", file=sys.stderr)
+        return 2
     if not args.configs:
         print("e2e_offline: error: give at least one NAME=VARIANT:BACKEND:KV_DTYPE", file=sys.stderr)
         return 2
@@ -265,7 +271,20 @@ def main() -> int:
         results.append(res)
         md = write(results)
     print(md, flush=True)
-    return 0 if all(not r.get("failed") for r in results) else 1
+    late = late_work(results) if args.require_warm_start else []
+    for line in late:
+        print(f"e2e_offline: {line}", file=sys.stderr)
+    return 0 if all(not r.get("failed") for r in results) and not late else 1
+
+
+def late_work(results: list[dict]) -> list[str]:
+    """One line per configuration that compiled or looked up an autotuning result after its engine was up."""
+    out = []
+    for r in results:
+        kernels = sorted(set(r.get("compiled_after_start", [])) | set(r.get("autotuned_after_start", [])))
+        if kernels:
+            out.append(f"{r['name']}: Triton work after start: {', '.join(kernels)}")
+    return out
 
 
 if __name__ == "__main__":

@@ -351,12 +351,19 @@ def test_e2e_offline_rejects_a_bad_configuration_with_one_line(spec, message, tm
     assert os.listdir(tmp_path) == []
 
 
-def test_e2e_offline_counts_triton_compiles_per_phase():
+def _e2e_offline():
+    """bench/e2e_offline.py as a module (it is run as a script on the GPU box)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("e2e_offline_under_test", os.path.join(REPO, "bench", "e2e_offline.py"))
+    path = os.path.join(REPO, "bench", "e2e_offline.py")
+    spec = importlib.util.spec_from_file_location("e2e_offline_under_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_e2e_offline_counts_triton_compiles_per_phase():
+    mod = _e2e_offline()
     stderr = "\n".join([
         "triton-compile pid=1 t=1.0 s=2.10 kernel=vllm.a._prefill_kernel constexprs={}",
         "e2e-phase engine-up", "some log line",
@@ -369,11 +376,7 @@ def test_e2e_offline_counts_triton_compiles_per_phase():
 
 
 def test_e2e_offline_counts_autotune_lookups_per_phase_and_keeps_the_diag_lines():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("e2e_offline_under_test", os.path.join(REPO, "bench", "e2e_offline.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _e2e_offline()
     stderr = "\n".join([
         "triton-autotune pid=1 t=1.0 kernel=fla.ops.cumsum.k disk=miss key=(1, 48, 64, 'torch.float32')",
         "INFO engine started",
@@ -386,3 +389,12 @@ def test_e2e_offline_counts_autotune_lookups_per_phase_and_keeps_the_diag_lines(
     assert mod.compiles_by_phase(stderr) == {"start": [], "first-request-4096": ["fla.ops.chunk_fwd_h"]}
     kept = mod.diag_lines(stderr).splitlines()
     assert len(kept) == 4 and "INFO engine started" not in kept and kept[1] == "e2e-phase first-request-4096"
+
+
+def test_e2e_offline_names_the_configurations_that_compiled_after_start():
+    mod = _e2e_offline()
+    results = [dict(name="warm", compiled_after_start=[], autotuned_after_start=[]),
+               dict(name="cold", compiled_after_start=["fla.k2", "fla.k1"], autotuned_after_start=["fla.k1"])]
+    assert mod.late_work(results) == ["cold: Triton work after start: fla.k1, fla.k2"]
+    assert mod.late_work(results[:1]) == []
+
