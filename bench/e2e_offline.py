@@ -174,6 +174,7 @@ def main() -> int:
                          model_dir=str(Path(args.work) / f"e2e-model-l{args.layers}")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    results_io = _load("results_io", REPO / "kernels" / "results_io.py")  # temp file + rename for every output
 
     def write(results: list[dict]) -> str:
         """Write the JSON and table of the configurations done so far (after each: a cut run keeps them)."""
@@ -186,7 +187,6 @@ def main() -> int:
             pass
         cmd = "bash ci/gpu/run.sh python -m bench.e2e_offline " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         stem = f"{datetime.date.today().isoformat()}-{gpu.lower().replace('nvidia ', '').replace(' ', '-')}-e2e-offline"
-        results_io = _load("results_io", REPO / "kernels" / "results_io.py")
         doc = dict(command=cmd, gpu=gpu, layers=args.layers, out_tokens=args.out_tokens, results=results)
         results_io.write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
         base = results[0] if not results[0].get("failed") else None
@@ -266,7 +266,6 @@ def main() -> int:
             res["autotunes"] = {k: len(v) for k, v in tunes.items()}
             res["autotuned_after_start"] = sorted({k for ph, ks in tunes.items() if ph != "start" for k in ks})
         if args.compile_log:
-            results_io = _load("results_io", REPO / "kernels" / "results_io.py")
             results_io.write_text(out / f"compile-log-{cfg['name']}.txt", diag_lines(stderr))
         results.append(res)
         md = write(results)

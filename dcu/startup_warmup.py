@@ -143,7 +143,7 @@ def warm_first_request(runner) -> float | None:
                  ", ".join(unsupported), ", ".join(SUPPORTED_BACKENDS))
         return None
     t0 = time.perf_counter()
-    counts = first_request_tokens(min(runner.max_num_tokens, runner.scheduler_config.max_num_batched_tokens))
+    counts = first_request_tokens(runner.max_num_tokens)  # max_num_batched_tokens; what _dummy_run checks against
     for n in counts:
         runner._dummy_run(n, force_attention=True, create_mixed_batch=True, skip_eplb=True, is_profile=True)
     for n in ZERO_BLOCK_COUNTS:

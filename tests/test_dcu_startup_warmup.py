@@ -115,7 +115,6 @@ class FakeRunner:
         self.attn_groups = [[types.SimpleNamespace(backend=types.SimpleNamespace(get_name=lambda n=n: n))]
                             for n in backends]
         self.max_num_tokens = max_tokens
-        self.scheduler_config = types.SimpleNamespace(max_num_batched_tokens=max_tokens)
         self.device = torch.device("cpu")
         self.dummy_runs, self.zeroed = [], []
 
