@@ -265,7 +265,7 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     else:
         raw = torch.randint(0, 120, layout.kv_cache_shape(num_blocks, block_size, num_heads_kv, head_size),
                             dtype=torch.uint8, device=device)
-        k, v, ks, vs = layout.split_kv_cache(raw, head_size)
+        k, v, ks, vs = layout.split_kv_cache(raw, head_size, kv_quant)
         ks.fill_(0.01)
         vs.fill_(0.01)
         scales = dict(k_scales=ks, v_scales=vs)

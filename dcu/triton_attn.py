@@ -129,7 +129,7 @@ class DcuTritonAttentionImpl(TritonAttentionImpl):
             k_cache, v_cache = kv_cache.unbind(1)
             k_scales = v_scales = None
         else:
-            k_cache, v_cache, k_scales, v_scales = split_kv_cache(kv_cache, self.head_size)
+            k_cache, v_cache, k_scales, v_scales = split_kv_cache(kv_cache, self.head_size, self.kv_quant)
         decode_attention(
             query[:num_reqs],
             k_cache,

@@ -51,3 +51,9 @@ def v_by_dim(v_cache):
     """A copy of ``v_cache`` whose pages hold V by dim ([num_blocks, kv heads, head_dim, block_size] in memory, tokens
     contiguous), seen through the same [num_blocks, block_size, kv heads, head_dim] indexing."""
     return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+def v_by_token(v_cache):
+    """A copy of ``v_cache`` whose pages hold V by token ([num_blocks, block_size, kv heads, head_dim] in memory,
+    head_dim contiguous): an int8 cache's V (by dim) as fp8 and bf16 caches store theirs."""
+    return v_cache.contiguous()

@@ -24,6 +24,7 @@ from tests.attention_checks import (  # noqa: E402
     huge_v_keys_below_the_max,
     subnormals_flushed,
     v_by_dim,
+    v_by_token,
 )
 
 # (max abs error, error norm / reference norm): P and the output are rounded to the query dtype
@@ -124,17 +125,48 @@ def test_tiles_straddling_large_pages_read_each_token_from_its_own_page(params, 
     assert_close(run(case, num_splits=3, software_fp8=True), reference(case), torch.float16)
 
 
-@pytest.mark.parametrize("kv_quant,int8_qk", [(None, 0), ("fp8", 0), ("int8", 0), ("int8", 1)])
+@pytest.mark.parametrize("kv_quant", [None, "fp8"])
 @pytest.mark.parametrize("page_loop", [0, 1])
-def test_v_stored_by_dim_gives_the_same_output_as_by_token(params, kv_quant, int8_qk, page_loop):
-    # the kernel reads V through its head_dim stride: tokens contiguous within a page is as good as dims contiguous
-    params(kv8={"BLOCK_N": 16, "page_loop": page_loop, "int8_qk": int8_qk}, kv16={"BLOCK_N": 16})
+def test_v_stored_by_dim_gives_the_same_output_as_by_token(params, kv_quant, page_loop):
+    # the kernel reads V through its head_dim stride: for the fp16 products, tokens contiguous within a page is as good
+    # as dims contiguous, bit for bit
+    params(kv8={"BLOCK_N": 16, "page_loop": page_loop}, kv16={"BLOCK_N": 16})
     case = make_case([3, 70, 45], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant=kv_quant, seed=6)
     want = run(case, num_splits=2, software_fp8=True)
     by_dim = dict(case, v_cache=v_by_dim(case["v_cache"]))
     assert by_dim["v_cache"].stride(1) == 1 and torch.equal(by_dim["v_cache"], case["v_cache"])
     assert torch.equal(run(by_dim, num_splits=2, software_fp8=True), want)
     assert_close(want, reference(case), torch.bfloat16)
+
+
+@pytest.mark.parametrize("int8_qk", [0, 1])
+@pytest.mark.parametrize("page_loop", [0, 1])
+def test_int8_caches_hold_v_by_dim_and_take_the_int8_pv_path(params, int8_qk, page_loop):
+    # int8 caches hold V by dim (kv_quant.layout.V_BY_DIM): P' goes to an int8 x int8 product with V's raw codes. A
+    # by-token copy of the same V takes the fp16 path: the two round differently (not a silent fallback) and both
+    # stay within the bounds of the float64 reference
+    params(kv8={"BLOCK_N": 16, "page_loop": page_loop, "int8_qk": int8_qk})
+    case = make_case([3, 70, 45], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="int8", seed=6)
+    assert case["v_cache"].stride(1) == 1
+    int8_pv = run(case, num_splits=2)
+    by_token = dict(case, v_cache=v_by_token(case["v_cache"]))
+    assert by_token["v_cache"].stride(3) == 1 and torch.equal(by_token["v_cache"], case["v_cache"])
+    fp16_pv = run(by_token, num_splits=2)
+    want = reference(case)
+    assert_close(int8_pv, want, torch.bfloat16)
+    assert_close(fp16_pv, want, torch.bfloat16)
+    assert not torch.equal(int8_pv, fp16_pv)
+
+
+@pytest.mark.parametrize("k_mag", [2.0, 6e4])
+@pytest.mark.parametrize("v_mag", [1e-6, 1e5])
+def test_int8_pv_across_the_value_range(params, v_mag, k_mag):
+    # P' in [0, 1] whatever |V| is (the V factor is in the scores), so its int8 pair needs no range of its own
+    params(kv8={"page_loop": 1})
+    case = make_case([70, 45], block_size=16, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="int8", k_mag=k_mag,
+                     v_mag=v_mag, seed=12)
+    assert case["v_cache"].stride(1) == 1
+    assert_rel_close(run(case, num_splits=3), reference(case))
 
 
 @pytest.mark.parametrize("kv_quant", [None, "int8", "fp8"])
@@ -611,16 +643,19 @@ def test_bench_times_graphs_of_calls_shape_by_shape_with_v_by_dim_rows(tmp_path,
     report = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert report["meta"]["calls_per_graph"] == 2 and "--calls-per-graph 2" in report["meta"]["command"]
     kinds = [r["dtype"] for r in report["rows"]]
-    # timed shape by shape, reported grouped by run (bf16 first, then the 8-bit kinds, then their V-by-dim rows)
-    assert kinds == [k for k in ("bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth", "fp8_pth_hw [Vdim]",
-                                 "fp8_pth_sw [Vdim]", "int8_pth [Vdim]") for _ in (1, 2)]
+    # timed shape by shape, reported grouped by run (bf16 first, then the 8-bit kinds with V read by token, then by
+    # dim); a row names the layout where it is not the cache's own (int8 caches hold V by dim, fp8 ones by token)
+    assert kinds == [k for k in ("bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth [Vtok]", "fp8_pth_hw [Vdim]",
+                                 "fp8_pth_sw [Vdim]", "int8_pth") for _ in (1, 2)]
     assert all("ratio_vs_bf16" in r for r in report["rows"] if r["dtype"] != "bf16")
     assert "graphs of 2 calls on different pages" in next(tmp_path.glob("*.md")).read_text()
 
 
 @pytest.mark.parametrize("args,match", [(["--v-layouts", "tile"], "--v-layouts wants token and/or dim"),
                                         (["--v-layouts", "dim,dim"], "--v-layouts wants"),
-                                        (["--calls-per-graph", "0"], "--calls-per-graph wants 1..64")])
+                                        (["--calls-per-graph", "0"], "--calls-per-graph wants 1..64"),
+                                        (["--kv8-dtypes", "int4_pth"], "--kv8-dtypes wants some of"),
+                                        (["--kv8-dtypes", "int8_pth"], "--kv8-dtypes needs --quick")])
 def test_bench_rejects_bad_timing_options_with_one_line(args, match):
     from kernels.decode_attention import bench
 
@@ -630,6 +665,22 @@ def test_bench_rejects_bad_timing_options_with_one_line(args, match):
 
 def _kv8_scored(*rows):
     return [(cfg, {"int8_pth": [i8], "fp8_pth_sw": [f8]}) for cfg, i8, f8 in rows]
+
+
+def test_bench_times_only_the_8bit_kinds_asked_for(tmp_path, monkeypatch):
+    import importlib
+
+    from kernels.decode_attention import bench
+
+    monkeypatch.delenv("VLLM_DCU_BASELINE_UA", raising=False)
+    try:
+        bench.main(["--dry-run", "--quick", "--kv8-dtypes", "int8_pth", "--batches", "1", "--ctxs", "40",
+                    "--out", str(tmp_path)])
+    finally:
+        importlib.reload(bench)
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert [r["dtype"] for r in report["rows"]] == ["bf16", "int8_pth"]
+    assert "--kv8-dtypes int8_pth" in report["meta"]["command"]
 
 
 def test_bench_sweep_suggests_int8_options_where_int8_is_fastest_with_another_config():

@@ -53,23 +53,32 @@ def _byte_pattern_cache(num_blocks, block_size, heads, head_size):
     return (torch.arange(numel) % 251).to(torch.uint8).view(num_blocks, 2, block_size, heads, head_size + 4)
 
 
-def test_split_kv_cache_views_cover_codes_then_scales_of_each_region():
+@pytest.mark.parametrize("kind", KINDS)
+def test_split_kv_cache_views_cover_codes_then_scales_of_each_region(kind):
     nb, bs, h, d = 3, 4, 2, 8
     cache = _byte_pattern_cache(nb, bs, h, d)
-    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, d)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, d, kind)
     assert k_codes.shape == v_codes.shape == (nb, bs, h, d)
     assert k_scales.shape == v_scales.shape == (nb, bs, h)
     assert k_scales.dtype == torch.float32
     flat = cache.view(nb, 2, bs * h * (d + 4))
-    for kv, (codes, scales) in enumerate(((k_codes, k_scales), (v_codes, v_scales))):
+    # int8 pages hold V's codes by dim (H x D x block_size, tokens contiguous); everything else by token
+    v_in_memory_order = v_codes.permute(0, 2, 3, 1) if kind == "int8" else v_codes
+    assert (v_codes.stride(1) == 1) == (kind == "int8")
+    for kv, (codes, scales) in enumerate(((k_codes, k_scales), (v_in_memory_order, v_scales))):
         region = flat[:, kv]
         assert torch.equal(codes.reshape(nb, -1), region[:, : bs * h * d])
         assert torch.equal(scales.reshape(nb, -1).view(torch.uint8), region[:, bs * h * d :])
 
 
+def test_split_kv_cache_needs_the_kind():
+    with pytest.raises(ValueError, match="kv_quant must be one of"):
+        split_kv_cache(torch.zeros(2, 2, 4, 2, 12, dtype=torch.uint8), 8, "int4")
+
+
 def test_split_kv_cache_views_alias_the_cache():
     cache = torch.zeros(2, 2, 4, 2, 12, dtype=torch.uint8)
-    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, 8)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, 8, "fp8")
     v_scales[1, 3, 1] = 1.0
     v_codes[1, 0, 0, 0] = 7
     assert cache.view(2, 2, -1)[1, 1, -4:].view(torch.float32).item() == 1.0
@@ -77,19 +86,22 @@ def test_split_kv_cache_views_alias_the_cache():
     assert cache.sum().item() == 7 + sum(torch.tensor([1.0]).view(torch.uint8).tolist())
 
 
-def test_split_kv_cache_accepts_hybrid_restrided_layout():
+@pytest.mark.parametrize("kind", KINDS)
+def test_split_kv_cache_accepts_hybrid_restrided_layout(kind):
     # vLLM's hybrid models share one buffer per page across groups: block stride = page, not 2 * region
     nb, bs, h, d = 3, 4, 2, 8
     region = bs * h * (d + 4)
     page = 2 * region + 64  # e.g. a larger shared page
     raw = torch.zeros(nb * page, dtype=torch.uint8)
     cache = raw.as_strided((nb, 2, bs, h, d + 4), (page, region, h * (d + 4), d + 4, 1))
-    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, d)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, d, kind)
     k_scales[2, 1, 1] = 2.0
     v_codes[1, 3, 1, 7] = 9
     off = 2 * page + bs * h * d + (1 * h + 1) * 4
     assert raw[off : off + 4].view(torch.float32).item() == 2.0
-    assert raw[1 * page + region + (3 * h + 1) * d + 7].item() == 9
+    # token 3, head 1, dim 7 of block 1's V: by dim (int8) at (head, dim, token), by token at (token, head, dim)
+    v_at = (1 * d + 7) * bs + 3 if kind == "int8" else (3 * h + 1) * d + 7
+    assert raw[1 * page + region + v_at].item() == 9
 
 
 @pytest.mark.parametrize(
@@ -103,12 +115,12 @@ def test_split_kv_cache_accepts_hybrid_restrided_layout():
 )
 def test_split_kv_cache_rejects_bad_caches(make, err):
     with pytest.raises((TypeError, ValueError), match=err):
-        split_kv_cache(make(), 8)
+        split_kv_cache(make(), 8, "int8")
 
 
 def test_split_kv_cache_rejects_head_size_not_multiple_of_4():
     with pytest.raises(ValueError, match="multiple of 4"):
-        split_kv_cache(torch.zeros(1, 2, 1, 1, 10, dtype=torch.uint8), 6)
+        split_kv_cache(torch.zeros(1, 2, 1, 1, 10, dtype=torch.uint8), 6, "fp8")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -119,7 +131,7 @@ def _write_both(key, value, slots, kind, nb, bs, sentinel=0xA5):
     h, d = key.shape[1], key.shape[2]
     got = torch.full((nb, 2, bs, h, d + 4), sentinel, dtype=torch.uint8)
     want = got.clone()
-    reshape_and_cache_per_token_head(key, value, *split_kv_cache(got, d), slots, kind)
+    reshape_and_cache_per_token_head(key, value, *split_kv_cache(got, d, kind), slots, kind)
     reshape_and_cache_reference(key, value, want, slots, kind)
     return got, want
 
@@ -144,7 +156,7 @@ def test_kernel_skips_negative_slots_and_leaves_other_bytes_untouched(kind):
     slots = torch.tensor([0, -1, 9, -1, 15, 3])
     got, want = _write_both(key, value, slots, kind, nb, bs, sentinel=0xA5)
     assert torch.equal(got, want)
-    k_codes, v_codes, k_scales, _ = split_kv_cache(got, d)
+    k_codes, v_codes, k_scales, _ = split_kv_cache(got, d, kind)
     written = {0, 9, 15, 3}
     for slot in range(nb * bs):
         row = k_codes[slot // bs, slot % bs]
@@ -175,7 +187,7 @@ def test_kernel_splits_many_heads_over_programs(kind):
 
 def test_kernel_rejects_bad_arguments():
     cache = torch.zeros(2, 2, 4, 2, 12, dtype=torch.uint8)
-    views = split_kv_cache(cache, 8)
+    views = split_kv_cache(cache, 8, "int8")
     key = torch.zeros(3, 2, 8)
     slots = torch.arange(3)
     with pytest.raises(ValueError, match="'fp8' or 'int8'"):
@@ -230,7 +242,7 @@ def test_kernel_every_finite_bf16_value_gives_finite_codes_and_bounded_error(kin
     t = key.shape[0]
     got, want = _write_both(key, value, torch.arange(t), kind, nb=t // 16 + 1, bs=16)
     assert torch.equal(got, want)
-    k_codes, v_codes, k_scales, v_scales = split_kv_cache(got, d)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(got, d, kind)
     flat = lambda c: c.reshape(-1, *c.shape[2:])[:t]  # noqa: E731
     _check_codes(flat(k_codes), flat(k_scales), key, kind)
     _check_codes(flat(v_codes), flat(v_scales), value, kind)
@@ -256,7 +268,7 @@ def test_kernel_edge_heads_zero_bf16max_denormal_mixed(kind):
     value = key.flip(0)
     got, want = _write_both(key, value, torch.arange(key.shape[0]), kind, nb=1, bs=8)
     assert torch.equal(got, want)
-    k_codes, _, k_scales, _ = split_kv_cache(got, d)
+    k_codes, _, k_scales, _ = split_kv_cache(got, d, kind)
     codes, scales = k_codes[0, :, 0], k_scales[0, :, 0]
     _check_codes(codes, scales, key[:, 0], kind)
     assert scales[0] == 0 and (codes[0] == 0).all()
@@ -280,7 +292,7 @@ def test_attention_over_edge_case_cache_is_finite(kind):
     value[2::4] = 0
     key, value = key.bfloat16(), value.bfloat16()
     cache = torch.zeros(2, 2, 16, h, d + 4, dtype=torch.uint8)
-    reshape_and_cache_per_token_head(key, value, *split_kv_cache(cache, d), torch.arange(t), kind)
+    reshape_and_cache_per_token_head(key, value, *split_kv_cache(cache, d, kind), torch.arange(t), kind)
     q = torch.randn(4, 2 * h, d, generator=g)
     out = paged_attention_reference(
         q, cache, kind, torch.tensor([[0, 1]]), torch.tensor([t]), torch.tensor([0, 4]), 1 / math.sqrt(d)
@@ -301,7 +313,7 @@ def test_paged_attention_over_kernel_written_cache_matches_fake_quant_reference(
     block_table = torch.randperm(nb, generator=g)[: math.ceil(n / bs)].view(1, -1)
     slots = block_table[0, torch.arange(n) // bs] * bs + torch.arange(n) % bs
     cache = torch.zeros(nb, 2, bs, h, d + 4, dtype=torch.uint8)
-    reshape_and_cache_per_token_head(key, value, *split_kv_cache(cache, d), slots, kind)
+    reshape_and_cache_per_token_head(key, value, *split_kv_cache(cache, d, kind), slots, kind)
     q = torch.randn(3, 3 * h, d, generator=g)
     got = paged_attention_reference(q, cache, kind, block_table, torch.tensor([n]), torch.tensor([0, 3]), d**-0.5)
     mode = f"{kind}_pth"

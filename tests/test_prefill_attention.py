@@ -19,7 +19,7 @@ import triton_interp_compat  # noqa: E402,F401
 from kernels.kv_quant.reference import quantized_paged_cache  # noqa: E402
 from kernels.prefill_attention import launch_params, prefill_attention  # noqa: E402
 from kernels.prefill_attention.reference import paged_prefill_reference  # noqa: E402
-from tests.attention_checks import huge_v_keys_below_the_max, subnormals_flushed  # noqa: E402
+from tests.attention_checks import huge_v_keys_below_the_max, subnormals_flushed, v_by_dim  # noqa: E402
 
 # (max abs error, error norm / reference norm)
 TOL = {torch.float16: (4e-3, 2e-3), torch.bfloat16: (4e-2, 1.2e-2)}
@@ -115,6 +115,39 @@ def test_ragged_chunks_with_histories_off_the_page_grid_match_reference(dtype, b
 def test_quantized_cache_matches_dequantized_reference(kv_quant, software_fp8):
     case = make_case([(17, 30), (1, 64), (9, 0)], block_size=32, kv_quant=kv_quant, hq=12, hkv=2, seed=3)
     assert_close(run(case, params=p(32), software_fp8=software_fp8), reference(case), torch.bfloat16)
+
+
+@pytest.mark.parametrize("mirror", [0, 512], ids=["direct", "mirror"])
+def test_v_read_through_its_head_dim_stride_by_token_or_by_dim(mirror):
+    # int8 caches hold V by dim (tokens contiguous; kv_quant/layout.py V_BY_DIM), fp8 caches by token: the direct
+    # path and the mirror kernel read V through its head_dim stride, so one cache's codes give the same output bit
+    # for bit stored either way. With the mirror, the 70-token chunk goes through it (one 256-token page) and the
+    # decode row and short chunk read the cache directly; head_dim 24 masks the dims past it (BLOCK_D 32)
+    pa_mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
+    chunks = [(70, 100), (1, 50), (20, 9)]
+    kw = dict(params=p(16), mirror_params=p(16, 32), max_seqlen_k=170, mirror=mirror, software_fp8=True)
+    for kv_quant in ("fp8", "int8"):
+        case = make_case(chunks, block_size=48, kv_quant=kv_quant, d=24, hq=4, hkv=2, seed=40)
+        native = case["v_cache"]
+        if kv_quant == "int8":  # quantized_paged_cache's views, through split_kv_cache: V by dim
+            assert native.stride()[1:] == (1, 24 * 48, 48)
+            other = native.contiguous()  # the same codes by token
+        else:
+            assert native.stride()[1:] == (2 * 24, 24, 1)
+            other = v_by_dim(native)
+        assert torch.equal(other, native) and other.stride() != native.stride()
+        outs = []
+        for v_cache in (native, other):
+            buf, _ = _nan_mirror(pa_mod, hkv=2, d=24)
+            outs.append(run(dict(case, v_cache=v_cache), **kw))
+            # the mirror kernel wrote sequence 0's V (170 tokens, moderate bf16 values) over the NaN fill of the
+            # mirror's first page exactly when the mirror is on (buf is stored as fp16: an fp16 NaN until written)
+            assert bool(torch.isnan(buf[0, 1, :170]).any()) == (mirror == 0)
+        assert torch.equal(outs[0], outs[1]), f"{kv_quant}: V by token and by dim give different outputs"
+        assert_close(outs[0], reference(case), torch.bfloat16)
+    # K stays contiguous in head_dim: a K by dim is refused
+    with pytest.raises(ValueError, match="k_cache must be contiguous in head_dim"):
+        run(dict(case, k_cache=v_by_dim(case["k_cache"])), **kw)
 
 
 def test_mixed_batch_of_decode_rows_and_prefill_chunks_matches_reference():
@@ -416,14 +449,14 @@ def test_table_entries_compile_within_the_targets_limits(target):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout)
-    assert [r["kv"] for r in rows] == ["bf16", "mirror", "8-bit"]
+    assert [r["kv"] for r in rows] == ["bf16", "mirror", "int8", "int8 by token", "fp8"]
     for r in rows:
         assert "error" not in r, r
         if target.startswith("gfx"):
             assert r["shared"] <= 65536 and r["spills"] == 0, r
         else:
             assert r["shared"] <= 232448 and r["async_copies"] > 0, r
-            if r["kv"] != "8-bit":
+            if r["kv"] in ("bf16", "mirror"):
                 # what made the mirror as fast as bf16 on the H200 (prefill_attention.py, above MIRROR_MIN_QUERY): q
                 # read from shared memory by the first dot, and a wgmma pipeline ptxas does not serialize
                 assert r["q_operand"] == "smem" and r["serialized"] is None, r

@@ -145,7 +145,7 @@ def test_bf16_scales_on_scores_and_dequantized_tiles_agree(triton_attn, unified_
     cache = torch.zeros(kv_cache_shape(b["num_blocks"], BS, HKV, D), dtype=torch.uint8)
     for k, v, s in zip(b["keys"], b["values"], b["slots"]):
         reshape_and_cache_reference(k, v, cache, s, "int8")
-    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, D)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(cache, D, "int8")
     outs = []
     for tiles in (False, True):
         out = torch.zeros_like(b["q"])

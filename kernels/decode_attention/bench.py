@@ -21,7 +21,9 @@ before a change, `git archive REV kernels` run first in the same call).
 --calls-per-graph N (N > 1) times graphs of N calls, each on its own pages, per call and without the L2 flush
 do_bench puts before every replay: as the layers of a captured decode step follow each other (H200: bf16's fixed
 cost per call 9.1 us instead of 12.8, 8-bit's 12.5 instead of 16.4; the 8-bit / bf16 ratios within 4%).
---v-layouts token,dim adds 8-bit rows that read V as if each page stored it by dim (tokens contiguous).
+8-bit V is read as its cache stores it (kv_quant.layout: int8 by dim, tokens contiguous; fp8 by token);
+--v-layouts token,dim times every 8-bit row with V read as if stored by token and by dim (rows [Vtok] / [Vdim] where
+that is not the cache's own layout).
 
 Baseline: the file named by VLLM_DCU_BASELINE_UA (0.18.1's triton_unified_attention.py, loaded
 with stand-ins for its four vllm imports), else ``unified_attention`` of the installed vllm (make
@@ -46,7 +48,7 @@ import torch
 import triton
 
 from ..gemv.dispatch import time_on_device
-from ..kv_quant.layout import kv_cache_shape, split_kv_cache
+from ..kv_quant.layout import V_BY_DIM, kv_cache_shape, split_kv_cache
 from . import launch_params
 from .decode_attention import _plan, decode_attention, workspace_numel
 from ..results_io import save_figure, write_text
@@ -147,18 +149,17 @@ class Pools:
         nb8 = max(BATCHES) * math.ceil(max(CTXS) / BLOCK["8bit"])
         self.kv8 = torch.randint(0, 256, kv_cache_shape(nb8, BLOCK["8bit"], HKV, D), dtype=torch.uint8, device=DEV)
         self.kv8 &= 0x77  # no fp8 NaN codes (0x7F / 0xFF)
-        k_codes, v_codes, k_scales, v_scales = split_kv_cache(self.kv8, D)
+        k_codes, v_by_token, k_scales, v_scales = split_kv_cache(self.kv8, D, "fp8")
         k_scales.copy_(torch.rand(k_scales.shape, device=DEV) * 9e-3 + 1e-3)
         v_scales.copy_(torch.rand(v_scales.shape, device=DEV) * 9e-3 + 1e-3)
-        self.views8 = (k_codes, v_codes, k_scales, v_scales)
-        # the same V bytes read as if each page's V codes were stored by dim ([kv heads, head_dim, block_size]:
-        # tokens contiguous), for --v-layouts dim (timing only: the codes are random either way)
-        s_block, s_kv = self.kv8.stride()[:2]
-        bs8 = BLOCK["8bit"]
-        self.v_by_dim = self.kv8.as_strided(v_codes.shape, (s_block, 1, D * bs8, bs8), self.kv8.storage_offset() + s_kv)
+        self.views8 = (k_codes, k_scales, v_scales)
+        # one pool of random codes serves every 8-bit kind and V layout (timing only): V as an fp8 cache stores it
+        # (by token) and as an int8 cache does (by dim, tokens contiguous)
+        self.v_views = {"token": v_by_token, "dim": split_kv_cache(self.kv8, D, "int8")[1]}
         self.max_tokens = max_tokens
 
-    def case(self, dtype, batch, ctx, seed=0, v_layout="token"):
+    def case(self, dtype, batch, ctx, seed=0, v_layout=None):
+        """v_layout: "token" / "dim" reads the 8-bit V as if stored that way; None as the dtype's cache stores it."""
         kind = "bf16" if dtype == "bf16" else "8bit"
         bs = BLOCK[kind]
         nblk = math.ceil(ctx / bs)
@@ -172,12 +173,16 @@ class Pools:
             k, v = self.kv16.unbind(1)
             c.update(k=k, v=v, kv_bytes=batch * ctx * HKV * D * 2 * 2)
         else:
-            k, v, ks, vs = self.views8
-            if v_layout == "dim":
-                v = self.v_by_dim
+            k, ks, vs = self.views8
+            v = self.v_views[v_layout or native_v_layout(dtype)]
             c.update(k=k, v=v, k_scales=ks, v_scales=vs, kv_quant=dtype.split("_")[0],
                      software_fp8=dtype.endswith("_sw"), kv_bytes=batch * ctx * HKV * (D + 4) * 2)
         return c
+
+
+def native_v_layout(dtype):
+    """How the dtype's cache stores V (kv_quant.layout.V_BY_DIM)."""
+    return "dim" if dtype.split("_")[0] in V_BY_DIM else "token"
 
 
 def ours_fn(c, num_splits=None):
@@ -392,8 +397,8 @@ def markdown(meta, rows):
            + (" (one call per replay, L2 flushed before each)." if meta.get("calls_per_graph", 1) == 1 else
               f" (graphs of {meta['calls_per_graph']} calls on different pages, no flush: per-call time as in a"
               " captured decode step).")
-           + (" Rows `[...Vdim]`: 8-bit V read as stored by dim (tokens contiguous)." if "dim" in
-              meta.get("v_layouts", ()) else "")
+           + (" Rows `[...Vdim]` / `[...Vtok]`: 8-bit V read as if stored by dim (tokens contiguous) / by token,"
+              " not as the cache stores it (int8 by dim, fp8 by token)." if meta.get("v_layouts") else "")
            + " GB/s = KV bytes read / time;"
            " % = of copy bandwidth; x UA = speedup over unified_attention on bf16 KV;"
            " x bf16 = our time / our bf16 time.", "",
@@ -502,8 +507,11 @@ def main(argv=None):
                     help="with --quick: time the 8-bit rows with this kv8 entry too (repeatable)")
     ap.add_argument("--batches", help="with --quick: comma-separated batch sizes instead of 1,4,16,64")
     ap.add_argument("--ctxs", help="with --quick: comma-separated context lengths instead of 4096,...,32768")
-    ap.add_argument("--v-layouts", default="token", help="comma-separated 8-bit V page layouts to time: token (the "
-                    "cache's: [block_size, kv heads, head_dim]) and/or dim ([kv heads, head_dim, block_size])")
+    ap.add_argument("--v-layouts", help="comma-separated 8-bit V page layouts to time every 8-bit row with: token "
+                    "([block_size, kv heads, head_dim]) and/or dim ([kv heads, head_dim, block_size]); default: each "
+                    "cache's own (int8 by dim, fp8 by token)")
+    ap.add_argument("--kv8-dtypes", default=",".join(DTYPES[1:]), help="with --quick: comma-separated 8-bit rows to "
+                    f"time (of {', '.join(DTYPES[1:])}; bf16 always runs, the ratios' reference)")
     ap.add_argument("--calls-per-graph", type=int, default=1, metavar="N",
                     help="1: one call per graph replay, L2 flushed by do_bench before each (the default); N > 1: a "
                     "graph of N calls on N different page sets, per-call time (as layers follow each other in a "
@@ -535,9 +543,16 @@ def main(argv=None):
         kv8_variants.append((label, cfg))
     if kv8_variants and not args.quick:
         sys.exit("error: --kv8 needs --quick (the sweep chooses its own kv8 entry)")
-    v_layouts = tuple(args.v_layouts.split(","))
-    if not v_layouts or any(x not in ("token", "dim") for x in v_layouts) or len(set(v_layouts)) != len(v_layouts):
+    v_layouts = tuple(args.v_layouts.split(",")) if args.v_layouts is not None else ()
+    if args.v_layouts is not None and (not v_layouts or any(x not in ("token", "dim") for x in v_layouts)
+                                       or len(set(v_layouts)) != len(v_layouts)):
         sys.exit(f"error: --v-layouts wants token and/or dim separated by commas, got {args.v_layouts!r}")
+    kv8_dtypes = tuple(args.kv8_dtypes.split(","))
+    if not kv8_dtypes or set(kv8_dtypes) - set(DTYPES[1:]) or len(set(kv8_dtypes)) != len(kv8_dtypes):
+        sys.exit(f"error: --kv8-dtypes wants some of {','.join(DTYPES[1:])} separated by commas, "
+                 f"got {args.kv8_dtypes!r}")
+    if kv8_dtypes != DTYPES[1:] and not args.quick:
+        sys.exit("error: --kv8-dtypes needs --quick (the sweep times every dtype)")
     if not 1 <= args.calls_per_graph <= 64:
         sys.exit(f"error: --calls-per-graph wants 1..64, got {args.calls_per_graph}")
     if args.summary:
@@ -582,14 +597,13 @@ def main(argv=None):
     entry = launch_params.get_params(target, override=json.dumps(config))
     for label, cfg in kv8_variants:  # a bad entry fails here, before any timing
         launch_params.get_params(target, override=json.dumps({**config, "kv8": cfg}))
-    runs = [(dtype, None, config, "token") for dtype in DTYPES]
-    runs += [(dtype, label, {**config, "kv8": cfg}, "token") for label, cfg in kv8_variants for dtype in DTYPES[1:]]
-    if "token" not in v_layouts:
-        runs = [r for r in runs if r[0] == "bf16"]
-    if "dim" in v_layouts:
-        runs += [(dtype, "Vdim", config, "dim") for dtype in DTYPES[1:]]
-        runs += [(dtype, f"{label}|Vdim", {**config, "kv8": cfg}, "dim") for label, cfg in kv8_variants
-                 for dtype in DTYPES[1:]]
+    runs = [("bf16", None, config, None)]
+    for layout in v_layouts or (None,):
+        for label, cfg in [(None, None)] + kv8_variants:
+            for dtype in kv8_dtypes:
+                other = None if layout in (None, native_v_layout(dtype)) else {"dim": "Vdim", "token": "Vtok"}[layout]
+                name = "|".join(x for x in (label, other) if x) or None
+                runs.append((dtype, name, config if cfg is None else {**config, "kv8": cfg}, layout))
     n_calls = args.calls_per_graph
 
     def timed(make_fn, cases):
@@ -640,7 +654,8 @@ def main(argv=None):
                 triton=triton.__version__, command="python -m kernels.decode_attention.bench" +
                 (" --quick" if args.quick else "") + (f" --tag {args.tag}" if args.tag else "") +
                 "".join(f" --kv8 '{item}'" for item in args.kv8) +
-                (f" --v-layouts {args.v_layouts}" if args.v_layouts != "token" else "") +
+                (f" --v-layouts {args.v_layouts}" if v_layouts else "") +
+                (f" --kv8-dtypes {args.kv8_dtypes}" if kv8_dtypes != DTYPES[1:] else "") +
                 (f" --calls-per-graph {n_calls}" if n_calls != 1 else "") +
                 "".join(f" --{k} {','.join(map(str, v))}" for k, v in shape_filter.items()),
                 seconds=round(time.time() - t_start),

@@ -34,7 +34,8 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
 
     from .decode_attention import _BLOCK_H, _decode_split_kernel, split_kernel_launch
 
-    launch_consts, options = split_kernel_launch(launch, block_size, kv_quant)  # as the launcher compiles it
+    v_by_dim = kv_quant == 2  # int8 caches hold V by dim (kv_quant.layout.V_BY_DIM): the int8 x int8 P x V path
+    launch_consts, options = split_kernel_launch(launch, block_size, kv_quant, v_by_dim)  # as the launcher does
     # as the JIT specializes them at Qwen3.5-27B's shapes (compile_tools.jit_signature): the 8-bit scale views' head
     # stride is 1; the other integers are multiples of 16 except the scales' token stride (4 heads), the block
     # table's row stride (the longest request's page count) and the split plan's counts. Without these, the kv8
@@ -43,7 +44,7 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     sig, attrs, unit_strides = jit_signature(
         _decode_split_kernel,
         lambda base: "*bf16" if kv_quant == 0 and base in ("k", "v") else _PTR[base],
-        ones=("stride_vd",) if kv_quant == 0 else ("stride_vd", "stride_ksh", "stride_vsh"),
+        ones=(("stride_vt",) if v_by_dim else ("stride_vd",)) + (("stride_ksh", "stride_vsh") if kv_quant else ()),
         div16=lambda name: name not in no_div, scalars={"scale_log2": "fp32"})
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_H=_BLOCK_H,
                   KV_QUANT=kv_quant, FP8_SOFTWARE=software, PTX=ptx, **launch_consts, **unit_strides)

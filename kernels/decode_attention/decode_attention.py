@@ -46,6 +46,14 @@ converting K. q becomes a per-row int8 pair, q = sq (hi + lo / 256) (_q_int8_pai
 32512 of q), two int8 x int8 dots with K's raw codes accumulate exactly in int32, and S = (hi.K + lo.K / 256) x sq
 x K scale x softmax scale. V goes as before. For GPUs with int8 matrix units and no fp8 (the DCU: int8 MFMA);
 compiled for gfx90a it takes 181 VGPRs against 226 (compile_check).
+int8 caches hold V by dim (kv_quant.layout.V_BY_DIM: a page's V codes are [kv heads, head_dim, block_size], tokens
+contiguous), and with V read that way (host: V's token stride is 1) P x V is int8 x int8 too (INT8_PV): P' in [0, 1]
+becomes an int8 pair, 127 P' = hi + lo / 254 (_p_int8_pair: within 1 / 64516 of P'), and two int8 dots with V's raw
+codes accumulate exactly in int32; V is never converted, and its tile goes from global memory to shared memory to the
+matrix operands (no fp16 copy in shared memory; with the reduction axis contiguous that needs no byte gathers).
+MEASURED_PV
+fp8 codes must become fp16 first, so fp8 caches keep V by token (the fp16 path on a V by dim took 2.1-3.6x the time:
+Triton stages the converted tile with byte gathers).
 Scores are not clamped: |q . k x scale| must stay within float32 (the prefill kernel saturates S
 at +-3e38 for inputs beyond that).
 Rows past the end of a sequence re-read its last token instead of being masked, so the K/V loads
@@ -74,6 +82,7 @@ _KV_QUANT = {None: 0, "fp8": 1, "int8": 2}
 _V_SCALE_FLOOR = tl.constexpr(5.421010862427522e-20)  # 2^-64
 _L_SHIFT = tl.constexpr(32.0)
 _KV8_OUT_FACTOR = tl.constexpr(1099511627776.0)  # 2^40 = 2^8 (the V factor's) x 2^32 (l's)
+_KV8_PV_OUT_FACTOR = tl.constexpr(1099511627776.0 / (127.0 * 128.0))  # INT8_PV: acc in units of 127 P' x int8 code
 
 
 @triton.jit
@@ -213,6 +222,18 @@ def _q_int8_pair(q):
 
 
 @triton.jit
+def _p_int8_pair(p):
+    """P' in [0, 1] as an int8 pair for int8 x int8 P x V products (INT8_PV: int8 caches, V by dim): 127 P' = hi +
+    lo / 254, hi in [0, 127], lo the rounded remainder (|remainder| <= 1/2, so |lo| <= 127), so |P' - (hi + lo / 254)
+    / 127| <= 1 / 64516 (fp16's P rounds to 2^-11 of P': the pair is finer for P' > 0.03, coarser below, where
+    the key's share of the output is as small)."""
+    x = p * 127.0
+    hi = tl.floor(x + 0.5)
+    lo = tl.floor((x - hi) * 254.0 + 0.5)
+    return hi.to(tl.int8), lo.to(tl.int8)
+
+
+@triton.jit
 def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.constexpr,
              PAGE_GE_TILE: tl.constexpr):
     """(physical page, slot) of each token of KV tile ``tile``; tokens past ``last`` read ``last``."""
@@ -236,10 +257,11 @@ def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.cons
 @triton.jit
 def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_d, stride_vd, key_ok, s_mult, kv_mask,
                  kv_other, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr, K_PURE: tl.constexpr,
-                 V_PURE: tl.constexpr, INT8_QK: tl.constexpr):
+                 V_PURE: tl.constexpr, INT8_QK: tl.constexpr, INT8_PV: tl.constexpr = False):
     """One KV tile of the online softmax; returns (acc, m, l). k_rows / v_rows: a pointer per key to its row of
     head_dim values; key_ok: the keys that count (not past the sequence, not already done). INT8_QK: q is the
-    int8 pair (q, q_lo) of _q_int8_pair and s_mult its per-row factor; K's codes go to the dot unconverted."""
+    int8 pair (q, q_lo) of _q_int8_pair and s_mult its per-row factor; K's codes go to the dot unconverted.
+    INT8_PV: P' as an int8 pair (_p_int8_pair) with V's raw codes (V by dim), acc in units of 127 P' x code."""
     k = tl.load(k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=kv_other)
     if INT8_QK:
         k8 = tl.trans(k.to(tl.int8, bitcast=True))
@@ -274,9 +296,16 @@ def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
     v = tl.load(v_rows[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=kv_other)
-    if KV_QUANT != 0:
-        v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX, V_PURE)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    if INT8_PV:
+        v8 = v.to(tl.int8, bitcast=True)
+        p_hi, p_lo = _p_int8_pair(p)
+        pv = tl.dot(p_hi, v8, out_dtype=tl.int32).to(tl.float32) + \
+            tl.dot(p_lo, v8, out_dtype=tl.int32).to(tl.float32) * (1.0 / 254.0)
+        acc = acc * alpha[:, None] + pv
+    else:
+        if KV_QUANT != 0:
+            v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX, V_PURE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
 
@@ -298,7 +327,7 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
     K_PURE: tl.constexpr = False, V_PURE: tl.constexpr = False, PAGE_LOOP: tl.constexpr = False,
-    INT8_QK: tl.constexpr = False,
+    INT8_QK: tl.constexpr = False, INT8_PV: tl.constexpr = False,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -390,12 +419,19 @@ def _decode_split_kernel(
                 slots = tl.minimum(start, block_size - BLOCK_N) + offs_n
                 key_ok = (slots >= start) & (first_tok + slots < seq_len)
                 slot = tl.minimum(slots, last - first_tok)
+                if INT8_PV:
+                    # V by dim: unclamped slots keep the tile's tokens contiguous (the pipeliner then copies whole
+                    # runs); they stay inside the page (valid memory), and keys past the end have P' = 0 exactly,
+                    # so whatever int8 codes those slots hold add 0 x code = 0
+                    v_slot = slots
+                else:
+                    v_slot = slot
                 acc, m_i, l_i = _tile_update(
                     q, q_lo, acc, m_i, l_i,
-                    k_head + phys * stride_kb + slot * stride_kt, v_head + phys * stride_vb + slot * stride_vt,
+                    k_head + phys * stride_kb + slot * stride_kt, v_head + phys * stride_vb + v_slot * stride_vt,
                     ks_head + phys * stride_ksb + slot * stride_kst, vs_head + phys * stride_vsb + slot * stride_vst,
                     offs_d, stride_vd, key_ok, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE, V_PURE,
-                    INT8_QK,
+                    INT8_QK, INT8_PV,
                 )  # fmt: skip
     else:
         last_page = last // block_size
@@ -406,13 +442,18 @@ def _decode_split_kernel(
                 k_head + phys * stride_kb + slot * stride_kt, v_head + phys * stride_vb + slot * stride_vt,
                 ks_head + phys * stride_ksb + slot * stride_kst, vs_head + phys * stride_vsb + slot * stride_vst,
                 offs_d, stride_vd, tile * BLOCK_N + offs_n < seq_len, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE,
-                PTX, K_PURE, V_PURE, INT8_QK,
+                PTX, K_PURE, V_PURE, INT8_QK, INT8_PV,
             )  # fmt: skip
 
     o = acc / l_i[:, None]
     lse = m_i + tl.log2(l_i)
     if KV_QUANT != 0:
-        o = o * _KV8_OUT_FACTOR  # acc: values x 2^-8 (_v_scale_log2); l_i: the softmax's sum x 2^32
+        if INT8_PV:
+            # acc sums 127 P' x int8 codes, not P' x codes / 128: one factor, so acc / l (up to ~2^14 more than the
+            # fp16 path's) is never multiplied by 2^40 first (|V| ~1e37 would overflow float32 there)
+            o = o * _KV8_PV_OUT_FACTOR
+        else:
+            o = o * _KV8_OUT_FACTOR  # acc: values x 2^-8 (_v_scale_log2); l_i: the softmax's sum x 2^32
         lse = lse - _L_SHIFT
     if n_splits == 1:
         tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=hd_mask)
@@ -471,11 +512,12 @@ def _use_ptx(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and launch_params.current_target(device) != "interpreter"
 
 
-def split_kernel_launch(launch: dict, block_size: int, kv_quant: int) -> tuple[dict, dict]:
+def split_kernel_launch(launch: dict, block_size: int, kv_quant: int, v_by_dim: bool = False) -> tuple[dict, dict]:
     """A kv16 / kv8 launch entry as _decode_split_kernel takes it: (constexprs, Triton options). Shared by the
     launcher and compile_check, so both compile the same kernel. split_round is the host's split plan (_plan);
     page_loop needs pages of at least BLOCK_N tokens; int8_qk and the kv8 entry's own "int8" options apply to int8
-    caches only (kv_quant 2: the kv8 entry also serves fp8 caches)."""
+    caches only (kv_quant 2: the kv8 entry also serves fp8 caches). v_by_dim: V's tokens are contiguous (an int8
+    cache's pages, kv_quant.layout.V_BY_DIM), so an int8 cache takes the int8 x int8 P x V path (INT8_PV)."""
     options = {k: v for k, v in launch.items() if k != "int8"}
     if kv_quant == 2:
         options.update(launch.get("int8", {}))
@@ -487,7 +529,8 @@ def split_kernel_launch(launch: dict, block_size: int, kv_quant: int) -> tuple[d
     consts = dict(BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
                   PAGE_LOOP=bool(options.pop("page_loop", defaults["page_loop"])) and block_size >= block_n,
                   K_PURE=early_convert < 2, V_PURE=early_convert < 1,
-                  INT8_QK=bool(options.pop("int8_qk", defaults["int8_qk"])) and kv_quant == 2)
+                  INT8_QK=bool(options.pop("int8_qk", defaults["int8_qk"])) and kv_quant == 2,
+                  INT8_PV=kv_quant == 2 and v_by_dim)
     return consts, options
 
 
@@ -543,8 +586,9 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     q, out: [batch, q_heads, head_dim] fp16/bf16. k_cache, v_cache: [num_blocks, block_size,
     kv_heads, head_dim], q's dtype, or uint8 codes with kv_quant "fp8" / "int8" and float32
     k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides). K is contiguous in head_dim; V may have any
-    head_dim stride (e.g. pages holding V by dim, tokens contiguous: read correctly, but 1.8x slower on the H200,
-    bench --v-layouts dim, 2026-12-02). block_table: int32
+    head_dim stride: an int8 cache's V by dim (tokens contiguous, as kv_quant.layout.split_kv_cache makes it) takes
+    the int8 x int8 P x V path; every other layout the fp16 path (fp8 V by dim: 2.1-3.6x slower than by token on the
+    H200, bench --v-layouts token,dim). block_table: int32
     [>= batch, max_blocks]; seq_lens: int32 [batch] (0 = padded slot, output zeros).
     software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).
     workspace: float32 1-D buffer of at least ``workspace_numel(...)`` elements (preallocated for
@@ -574,7 +618,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     if software_fp8 is None:
         software_fp8 = kv_quant == "fp8" and use_software_fp8()
     block_d = triton.next_power_of_2(d)
-    consts, options = split_kernel_launch(launch, block_size, _KV_QUANT[kv_quant])
+    consts, options = split_kernel_launch(launch, block_size, _KV_QUANT[kv_quant], v_by_dim=v_cache.stride(1) == 1)
 
     _decode_split_kernel[(batch, hkv, splits)](
         q, k_cache, v_cache, k_scales, v_scales, block_table, seq_lens,

@@ -112,8 +112,11 @@ PARAMS = {
         # 1/4/16/64 x 4-32K; 0.93-0.97x per cell at batch 4-16 from 16K, 0.98-1.02x at batch 1), where fp8 with
         # hardware decode ran 0.947-0.953x but software decode 1.07-1.08x, and software has to stay within 10% of
         # hardware (issue #17), so fp8 keeps 4 warps (bench/results/2026-12-02-h200-decode-kv8-prologue-warps.md)
+        # int8 again (2026-12-03): int8 caches hold V by dim and take the int8 x int8 P x V path, whose tiles
+        # never go through shared memory as fp16: BLOCK_N 128 on 4 warps with 2 stages (78.8 KB of shared memory,
+        # 2 programs per SM) MEASURED_PARAMS
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
-                "split_round": "down", "int8_qk": 1, "int8": {"num_warps": 2}},
+                "split_round": "down", "int8_qk": 1, "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}},
     },
     "gfx936": dict(_DCU),
     "gfx928": dict(_DCU),

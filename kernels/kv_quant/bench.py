@@ -80,11 +80,11 @@ def bench(tokens: list[int], dev: str = "cuda") -> tuple[list[dict], dict]:
         nbq = triton.cdiv(t, BLOCK_PTH) + 1
         slotsq = torch.randperm(nbq * BLOCK_PTH, device=dev, generator=g)[:t]
         cache = torch.zeros(kv_cache_shape(nbq, BLOCK_PTH, H, D), dtype=torch.uint8, device=dev)
-        views = split_kv_cache(cache, D)
         written_q = 2 * t * H * (D + 4)
         for name, kind, sw in (("fp8_pth_hw", "fp8", False), ("fp8_pth_sw", "fp8", True), ("int8_pth", "int8", None)):
+            views = split_kv_cache(cache, D, kind)  # int8: V by dim (layout.V_BY_DIM)
             methods[name] = (
-                (lambda kind=kind, sw=sw: reshape_and_cache_per_token_head(
+                (lambda kind=kind, sw=sw, views=views: reshape_and_cache_per_token_head(
                     key, value, *views, slotsq, kind, software_fp8=sw)),
                 written_q,
             )

@@ -56,7 +56,7 @@ def _case(batch, ctx, kind, dev):
         k, v = kv.unbind(1)
         return dict(k=k, v=v, table=table, block=block, bytes=batch * ctx * HKV * D * 2 * 2)
     cache = torch.zeros(kv_cache_shape(num_blocks, block, HKV, D), dtype=torch.uint8, device=dev)
-    views = split_kv_cache(cache, D)
+    views = split_kv_cache(cache, D, kind)
     n = num_blocks * block
     for start in range(0, n, 1 << 16):  # fill every slot through the write kernel
         t = min(1 << 16, n - start)

@@ -57,6 +57,10 @@ def _reshape_and_cache_pth_kernel(
     stride_codes_blk,
     stride_codes_tok,
     stride_codes_head,
+    stride_vcodes_blk,
+    stride_vcodes_tok,
+    stride_vcodes_head,
+    stride_vcodes_dim,
     stride_scales_blk,
     stride_scales_tok,
     stride_scales_head,
@@ -92,7 +96,12 @@ def _reshape_and_cache_pth_kernel(
 
     v = tl.load(value_ptr + tok64 * stride_value_tok + heads[:, None] * stride_value_head + dims[None, :], mask=mask)
     v_codes, v_scale = _quantize_heads(v.to(tl.float32), mask, QUANT_INT8, SOFTWARE, QMAX_)
-    tl.store(v_codes_ptr + codes_off, v_codes, mask=mask)
+    # V's codes through all four strides: int8 caches hold them by dim (layout.V_BY_DIM), so this token's bytes go
+    # block_size apart (one byte per store; a decode step writes one token per sequence, a prefill chunk's tokens
+    # fill the same lines, which merge in L2)
+    v_codes_off = (blk * stride_vcodes_blk + off * stride_vcodes_tok + heads[:, None] * stride_vcodes_head
+                   + dims[None, :] * stride_vcodes_dim)
+    tl.store(v_codes_ptr + v_codes_off, v_codes, mask=mask)
     tl.store(v_scales_ptr + scales_off, v_scale, mask=head_mask)
 
 
@@ -116,7 +125,8 @@ def reshape_and_cache_per_token_head(
     """Quantize ``key``/``value`` ``[num_tokens, H, D]`` and write them into the cache views.
 
     ``k_codes``/``v_codes`` ``[num_blocks, block_size, H, D]`` uint8 and ``k_scales``/``v_scales``
-    ``[num_blocks, block_size, H]`` float32 are the views from ``layout.split_kv_cache``.
+    ``[num_blocks, block_size, H]`` float32 are the views from ``layout.split_kv_cache`` (K by token, head_dim
+    contiguous; V by token or, for int8 caches, by dim: it is written through its own strides).
     Token i goes to slot ``slot_mapping[i]`` (block ``slot // block_size``, row ``slot % block_size``);
     negative slots are skipped. Only the first ``slot_mapping.shape[0]`` rows of key/value are read.
     ``kv_quant`` is ``"fp8"`` or ``"int8"``; ``software_fp8=None`` picks the fp8 decode path for the
@@ -138,8 +148,8 @@ def reshape_and_cache_per_token_head(
         raise TypeError("k_scales/v_scales must be float32")
     if k_codes.shape[2:] != (num_heads, head_size) or v_codes.shape != k_codes.shape:
         raise ValueError(f"cache codes {tuple(k_codes.shape)} do not match key heads/head_size {num_heads}/{head_size}")
-    if k_codes.stride() != v_codes.stride() or k_scales.stride() != v_scales.stride():
-        raise ValueError("K and V views must share strides (take them from split_kv_cache)")
+    if k_scales.stride() != v_scales.stride():
+        raise ValueError("K and V scale views must share strides (take them from split_kv_cache)")
     if k_codes.stride(-1) != 1:
         raise ValueError("cache codes must be contiguous along head_dim")
     if num_tokens == 0:
@@ -166,6 +176,7 @@ def reshape_and_cache_per_token_head(
         k_codes.stride(0),
         k_codes.stride(1),
         k_codes.stride(2),
+        *v_codes.stride(),
         k_scales.stride(0),
         k_scales.stride(1),
         k_scales.stride(2),

@@ -5,6 +5,8 @@ For each block and each of K (0) / V (1) the ``block_size * H * (D + 4)`` bytes 
 
     [ codes: block_size x H x D  uint8 ][ scales: block_size x H  float32 ]
 
+except that an int8 cache holds V's codes by dim, ``H x D x block_size`` (tokens contiguous; ``V_BY_DIM``), so the
+decode kernel's P x V product reads them as int8 matrix operands with the reduction axis contiguous.
 ``split_kv_cache`` turns that tensor into four strided views; nothing else here touches memory.
 """
 import torch
@@ -22,6 +24,12 @@ KV_QUANT_DTYPES = {
 
 # largest code magnitude of each kind: e4m3 (OCP) max finite value, symmetric int8
 QMAX = {"fp8": 448.0, "int8": 127.0}
+
+# kinds whose pages hold V's codes by dim (H x D x block_size, tokens contiguous) instead of by token: int8 codes go
+# to int8 x int8 matrix products as they are (decode's P x V, P' as an int8 pair), which want the reduction axis
+# (tokens) contiguous. fp8 codes must become fp16 first, which Triton does fastest from rows of dims (H200: an fp8
+# V by dim took 2.3-3.4x the time, int8 by dim with int8 products 0.92-0.97x; docs/kv-cache-layout.md)
+V_BY_DIM = frozenset({"int8"})
 
 
 def kv_quant_kind(cache_dtype_str: str) -> str | None:
@@ -45,15 +53,20 @@ def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_siz
 
 
 def split_kv_cache(
-    kv_cache: torch.Tensor, head_size: int
+    kv_cache: torch.Tensor, head_size: int, kv_quant: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split a ``(num_blocks, 2, block_size, H, D + 4)`` uint8 cache into its code and scale views.
+    """Split a ``(num_blocks, 2, block_size, H, D + 4)`` uint8 cache of kind ``kv_quant`` ("fp8" / "int8") into its
+    code and scale views.
 
     Returns ``(k_codes, v_codes, k_scales, v_scales)``: codes ``[num_blocks, block_size, H, D]`` uint8,
     scales ``[num_blocks, block_size, H]`` float32. The views alias ``kv_cache``; writes through
     them land in the cache. Only each (block, K/V) region has to be contiguous, so the strides of
-    the first two dimensions are free (vLLM's hybrid layout re-strides them).
+    the first two dimensions are free (vLLM's hybrid layout re-strides them). The kind is required because it
+    decides V's layout (``V_BY_DIM``): an int8 cache's ``v_codes`` has strides (block, 1, D x block_size,
+    block_size), tokens contiguous; everything else is by token, head_dim contiguous.
     """
+    if kv_quant not in QMAX:
+        raise ValueError(f"kv_quant must be one of {sorted(QMAX)}, got {kv_quant!r}")
     if kv_cache.dtype != torch.uint8:
         raise TypeError(f"per-token-head KV cache must be uint8, got {kv_cache.dtype}")
     if head_size % SCALE_BYTES != 0:
@@ -76,7 +89,8 @@ def split_kv_cache(
     code_stride = (s_block, num_heads * head_size, head_size, 1)
     base = kv_cache.storage_offset()
     k_codes = kv_cache.as_strided(code_size, code_stride, base)
-    v_codes = kv_cache.as_strided(code_size, code_stride, base + s_kv)
+    v_stride = (s_block, 1, head_size * block_size, block_size) if kv_quant in V_BY_DIM else code_stride
+    v_codes = kv_cache.as_strided(code_size, v_stride, base + s_kv)
 
     # float32 alias of the same storage; offsets and strides below are in float32 elements
     as_f32 = kv_cache.view(torch.float32)

@@ -48,7 +48,7 @@ def quantized_paged_cache(k: torch.Tensor, v: torch.Tensor, kind: str) -> tuple:
     (``layout.kv_cache_shape``, on their device); returns its views ``(k_codes, v_codes, k_scales, v_scales)``."""
     num_blocks, block_size, heads, head_dim = k.shape
     cache = torch.zeros(kv_cache_shape(num_blocks, block_size, heads, head_dim), dtype=torch.uint8, device=k.device)
-    views = split_kv_cache(cache, head_dim)
+    views = split_kv_cache(cache, head_dim, kind)
     for x, codes, scales in ((k, views[0], views[2]), (v, views[1], views[3])):
         c, sc = quantize_per_token_head(x, kind)
         codes.copy_(c)
@@ -103,7 +103,7 @@ def reshape_and_cache_reference(
 ) -> None:
     """Torch version of ``cache_write.reshape_and_cache_per_token_head`` on a whole uint8 cache."""
     head_size = key.shape[-1]
-    k_codes, v_codes, k_scales, v_scales = split_kv_cache(kv_cache, head_size)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(kv_cache, head_size, kind)
     block_size = k_codes.shape[1]
     slots = slot_mapping.long()
     valid = slots >= 0
@@ -164,7 +164,7 @@ def paged_attention_reference(
     and attends to its first ``seq_lens[i]`` cached tokens (its queries are the last ones).
     """
     head_size = query.shape[-1]
-    k_codes, v_codes, k_scales, v_scales = split_kv_cache(kv_cache, head_size)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(kv_cache, head_size, kind)
     out = torch.zeros(query.shape, dtype=torch.float64, device=query.device)
     for i in range(seq_lens.shape[0]):
         q0, q1, n = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])

@@ -4,10 +4,11 @@
         [--chunk 4096] [--quick] [--kv bf16,int8,...] [--dry-run]
 
 One sequence's prefill chunk (default 4096 tokens, the contest's --max-num-batched-tokens) after ``history`` cached
-tokens, 24 q / 4 kv heads x 256, pages of 784 tokens (bf16) or 1552 (8-bit), scattered over the cache. Every
-call is captured in a CUDA graph and replayed (median of triton.testing.do_bench). TFLOP/s counts the causal
-work once: 4 * q_heads * head_dim * (chunk * history + chunk * (chunk + 1) / 2). The dense bf16 GEMM rate
-(8192^3 torch.matmul) is measured in the same run and every kernel is reported as a share of it.
+tokens, 24 q / 4 kv heads x 256, pages of 784 tokens (bf16) or 1552 (8-bit; int8 pages hold V by dim, as the
+engine's do: kv_quant/layout.py V_BY_DIM), scattered over the cache. Every call is captured in a CUDA graph and
+replayed (median of triton.testing.do_bench). TFLOP/s counts the causal work once: 4 * q_heads * head_dim * (chunk
+* history + chunk * (chunk + 1) / 2). The dense bf16 GEMM rate (8192^3 torch.matmul) is measured in the same run and
+every kernel is reported as a share of it.
 
 Baselines come from ``--ua-file``: the series' triton_unified_attention.py without patch 0006 (0.18.1's kernel
 with patch 0002's 8-bit path and patch 0005's tile settings), loaded with stand-ins for its vLLM imports, once
@@ -126,7 +127,7 @@ def make_case(history, chunk, kind, software, seed=0):
         case.update(k=kv[:, 0], v=kv[:, 1], ks=None, vs=None)
     else:
         cache = torch.zeros(kv_cache_shape(num_blocks, block, HKV, D), dtype=torch.uint8, device=DEV)
-        views = split_kv_cache(cache, D)
+        views = split_kv_cache(cache, D, kind)  # as the engine's cache: int8 holds V by dim, fp8 by token
         total = num_blocks * block
         for start in range(0, total, 1 << 15):
             t = min(1 << 15, total - start)

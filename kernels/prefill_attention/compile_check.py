@@ -4,11 +4,12 @@
 
 For choosing launch parameters before spending device time: registers per thread, spills, shared memory / LDS
 per program, async copies (sm90: whether the K/V loads were pipelined) and where the first dot's A operand (q)
-lives (sm90: "smem" or "regs") of each configuration, for a bf16 cache, an int8 cache read directly ("8-bit") and
-the 16-bit mirror of an 8-bit cache ("mirror": K codes in q's bf16 + float32 scales, V in bf16, page-run key
-tiles; prefill_attention.py's comment above MIRROR_MIN_QUERY), Qwen3.5-27B's head shape (6 q heads per kv head,
-256). "wgmma serialized" (sm90): ptxas's C751x advisory that it serialized the wgmma pipeline (a large slowdown;
-the reason, abbreviated, follows).
+lives (sm90: "smem" or "regs") of each configuration, for a bf16 cache, the 16-bit mirror of an 8-bit cache
+("mirror": K codes in q's bf16 + float32 scales, V in bf16, page-run key tiles; prefill_attention.py's comment above
+MIRROR_MIN_QUERY), and 8-bit caches read directly: "int8" (V by dim, tokens contiguous, as int8 caches hold it:
+kv_quant/layout.py V_BY_DIM), "int8 by token" (V contiguous in head_dim) and "fp8" (by token; software e4m3 on
+ROCm targets), Qwen3.5-27B's head shape (6 q heads per kv head, 256). "wgmma serialized" (sm90): ptxas's C751x
+advisory that it serialized the wgmma pipeline (a large slowdown; the reason, abbreviated, follows).
 Default configurations: the target's table entry (kv16 for bf16 and the mirror, which launches with it; kv8 for the
 direct path).
 ROCm targets compile for gfx90a, the wave64 target upstream LLVM knows (kernels/compile_tools.py).
@@ -29,17 +30,25 @@ _PTR = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "ks": "*fp32", "vs": "*fp32", 
 # are not specialized on (do_not_specialize), the scale views' head stride is 1
 _DIV16 = ("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_kt", "stride_kh", "stride_vb",
           "stride_vt", "stride_vh")
+# row label -> (launch width, KV_QUANT, over the mirror, V by dim); fp8 runs in software on ROCm targets (no fp8
+# hardware on the DCU)
+VARIANTS = {"bf16": ("kv16", 0, False, False), "mirror": ("kv16", 2, True, False), "int8": ("kv8", 2, False, True),
+            "int8 by token": ("kv8", 2, False, False), "fp8": ("kv8", 1, False, False)}
 
 
-def _signature(kv8: bool, mirror: bool = False):
+def _signature(kv8: bool, mirror: bool = False, v_by_dim: bool = False):
     """(signature, attrs, constexprs) of the launch (compile_tools.jit_signature): the mirror's K codes are in q's
     dtype (bf16 here), its V in bf16, an 8-bit cache holds uint8 codes; the 8-bit scale views' head stride is 1; the
-    mirror's scales are [pages, MIRROR_PAGE, 4] (page stride 1024)."""
+    mirror's scales are [pages, MIRROR_PAGE, 4] (page stride 1024). V's head_dim stride is 1 by token; by dim its
+    token stride is 1 and its head_dim stride the block size (a multiple of 16)."""
+    ones = ("stride_vt",) if v_by_dim else ("stride_vd",)
+    if kv8:
+        ones += ("stride_ksh", "stride_vsh")
     return jit_signature(
         _prefill_kernel,
         lambda base: "*u8" if kv8 and not mirror and base in ("k", "v") else _PTR[base],
-        ones=("stride_ksh", "stride_vsh") if kv8 else (),
-        div16=lambda name: name in _DIV16 or (mirror and name in ("stride_ksb", "stride_vsb")),
+        ones=ones,
+        div16=lambda name: name in _DIV16 or name == "stride_vd" or (mirror and name in ("stride_ksb", "stride_vsb")),
         scalars={"s_mult_base": "fp32"})
 
 
@@ -52,18 +61,19 @@ def _q_operand(ttgir: str) -> str | None:
     return None
 
 
-def compile_one(target: str, cfg: dict, kv8: bool, group=6, head_dim=256, block_size=784, mirror=False) -> dict:
-    """mirror (with kv8): the launch over the 16-bit mirror (its page is MIRROR_PAGE tokens, so block_size is
-    ignored)."""
+def compile_one(target: str, cfg: dict, variant: str, group=6, head_dim=256, block_size=784) -> dict:
+    """``variant``: a VARIANTS label. The mirror's page is MIRROR_PAGE tokens, so block_size is ignored there."""
+    _, kv_quant, mirror, v_by_dim = VARIANTS[variant]
     cfg = dict(cfg)
     block_m, block_n = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    sig, attrs, unit_strides = _signature(kv8, mirror)
+    sig, attrs, unit_strides = _signature(kv_quant != 0, mirror, v_by_dim)
     if mirror:
         block_size = MIRROR_PAGE
+    cuda = target.startswith("sm")
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m,
                   BLOCK_Q=block_m // group, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
-                  KV_QUANT=2 if kv8 else 0, FP8_SOFTWARE=False, PTX=kv8 and target.startswith("sm"),
-                  SEQ_FILTER=1 if mirror else 0, MIRROR=bool(mirror), **unit_strides)
+                  KV_QUANT=kv_quant, FP8_SOFTWARE=kv_quant == 1 and not cuda, PTX=kv_quant != 0 and cuda,
+                  SEQ_FILTER=1 if mirror else 0, MIRROR=mirror, **unit_strides)
     gt = gpu_target(target)
     k = triton.compile(triton.compiler.ASTSource(fn=_prefill_kernel, signature=sig, constexprs=consts, attrs=attrs),
                        target=gt, options=cfg)
@@ -92,12 +102,11 @@ def main():
     if not a.json:
         print("| target | kv | config | regs | spills | shared / LDS B | async copies | q operand | wgmma serialized |")
         print("|---|---|---|---:|---:|---:|---:|---|---|")
-    kinds = {None: ("bf16", "8-bit", "mirror"), "kv16": ("bf16", "mirror"), "kv8": ("8-bit",)}
     for width, cfg in configs:
-        for kind in kinds[width]:
+        for kind in [v for v, spec in VARIANTS.items() if width in (None, spec[0])]:
             row = dict(target=a.target, kv=kind, config=cfg)
             try:
-                row.update(compile_one(a.target, cfg, kind != "bf16", mirror=kind == "mirror"))
+                row.update(compile_one(a.target, cfg, kind))
             except Exception as e:  # a configuration the compiler rejects is a result too
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             rows.append(row)

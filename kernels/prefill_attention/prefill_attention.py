@@ -26,7 +26,9 @@ scales multiply the columns of S. The V scales enter as the decode kernel's: log
 added to its score for the running max, so P' = P x factor stays in [0, 1] in fp16 for any finite V; the 8-bit
 accumulator is not normalized (it sums P' x codes, bounded by the key count) and l, with its own exponential,
 divides it at the end (decode_attention.py's docstring has the ranges). Each 8-bit tile is converted once per
-query tile (BLOCK_M rows share it); long chunks read a 16-bit mirror instead (below).
+query tile (BLOCK_M rows share it); long chunks read a 16-bit mirror instead (below). K is contiguous in
+head_dim; int8 caches hold V by dim (tokens contiguous, docs/kv-cache-layout.md), so the direct path and the mirror
+kernel read V through its head_dim stride (1 by token, for which Triton specializes: those compile as before).
 
 Grid: ``(num_tokens // BLOCK_Q + num_seqs, kv_heads)``; a program finds its sequence by binary search over
 ``cu_seqlens_q`` (no host sync, so the launch needs only host-known sizes). Programs past the last tile
@@ -75,7 +77,7 @@ def _find_seq(cu_q_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
 def _attend_tile(
     tile, q, m_i, l_i, acc, q_pos,
     k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
-    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
     stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
     offs_n, offs_d,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
@@ -84,7 +86,8 @@ def _attend_tile(
 ):  # fmt: skip
     """One BLOCK_N tile of keys for all rows: online-softmax update of (m_i, l_i, acc). MIRROR: the tiles come
     from the mirror of an 8-bit cache (K as exact codes in q's dtype + scales, V as bf16 values) and go to the
-    matrix unit as loaded."""
+    matrix unit as loaded. K is contiguous in head_dim; V is read through its head_dim stride stride_vd (1 by token;
+    an int8 cache holds V by dim, tokens contiguous)."""
     if MIRROR:
         # mirror pages hold _MIRROR_PAGE_C tokens, a multiple of BLOCK_N: a tile is one run of one page (one scalar
         # page number, contiguous slots), and the mirror kernel zero-fills each page past its sequence's end, so the
@@ -118,7 +121,7 @@ def _attend_tile(
 
     v_off = phys * stride_vb + slot * stride_vt + kv_head * stride_vh
     d_mask_v = None if HEAD_DIM == BLOCK_D else offs_d[None, :] < HEAD_DIM
-    v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=d_mask_v, other=d_other)
+    v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :] * stride_vd, mask=d_mask_v, other=d_other)
     if KV_QUANT != 0 and not MIRROR:
         # the decode kernel's scheme: the running max is over t = score + log2(V factor), so P' = exp2(t - m) <= 1 in
         # fp16 for V of any magnitude; acc sums P' x codes (bounded by the key count), l sums exp2(score - m + 32)
@@ -149,7 +152,7 @@ def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, cu_q_ptr, seq_lens_ptr, block_table_ptr, sel_ptr,
     s_mult_base, num_seqs, total_q_blocks, block_size,
     stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
     stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
     stride_btb,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -206,7 +209,7 @@ def _prefill_kernel(
         m_i, l_i, acc = _attend_tile(
             tile, q, m_i, l_i, acc, q_pos,
             k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
             stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
             offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, False, KV_QUANT, FP8_SOFTWARE, PTX, MIRROR,
         )  # fmt: skip
@@ -217,7 +220,7 @@ def _prefill_kernel(
         m_i, l_i, acc = _attend_tile(
             tile, q, m_i, l_i, acc, q_pos,
             k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
             stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
             offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, True, KV_QUANT, FP8_SOFTWARE, PTX, MIRROR,
         )  # fmt: skip
@@ -302,7 +305,7 @@ def _plan_mirror_kernel(cu_q_ptr, seq_lens_ptr, sel_ptr, mtab_ptr, owner_ptr, nu
 def _mirror_kernel(
     k_ptr, v_ptr, ks_ptr, vs_ptr, block_table_ptr, seq_lens_ptr, owner_ptr, mk_ptr, mv_ptr, msk_ptr,
     block_size, stride_btb,
-    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
     stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
     stride_mb, stride_mt, stride_mh, stride_msb, stride_mst, stride_msh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr, PAGE: tl.constexpr,
@@ -310,7 +313,9 @@ def _mirror_kernel(
 ):  # fmt: skip
     """BLOCK_T tokens of one kv head of one mirror page: its owner's K codes as exact values in mk's 16-bit dtype
     (q's) with their scales, its V as bf16 values; the page's tokens past the sequence's end as zeros (the attention
-    kernel reads whole page runs). The grid covers the whole mirror (fixed size); free pages return at once."""
+    kernel reads whole page runs). The cache's V is read through its head_dim stride (an int8 cache holds V by dim);
+    the mirror's V is by token, head_dim contiguous. The grid covers the whole mirror (fixed size); free pages return
+    at once."""
     mpage = tl.program_id(0) // (PAGE // BLOCK_T)
     kv_head = tl.program_id(1)
     owner = tl.load(owner_ptr + mpage)
@@ -338,8 +343,8 @@ def _mirror_kernel(
     tl.store(msk_ptr + ms_off, tl.where(t_ok, k_scale, 0.0))
     # V: the dequantized values in bf16 (one rounding, as a bf16 cache has; bf16's range holds any V), saturated
     # at bf16's largest finite value
-    codes = tl.load(v_ptr + (phys * stride_vb + slot * stride_vt + kv_head * stride_vh)[:, None] + offs_d[None, :],
-                    mask=mask, other=0)
+    v_off = phys * stride_vb + slot * stride_vt + kv_head * stride_vh
+    codes = tl.load(v_ptr + v_off[:, None] + offs_d[None, :] * stride_vd, mask=mask, other=0)
     v_scale = tl.load(vs_ptr + phys * stride_vsb + slot * stride_vst + kv_head * stride_vsh)
     vals = _codes_to_f16(codes, KV_QUANT, FP8_SOFTWARE, PTX).to(tl.float32)
     vals = vals * (v_scale * _code_unit(KV_QUANT))[:, None]
@@ -383,7 +388,7 @@ def _fail(msg: str):
 
 
 def _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, k_scales, v_scales, kv_quant):
-    check_q_and_cache(_fail, q, k_cache, v_cache, out, k_scales, v_scales, kv_quant, MAX_GROUP)
+    check_q_and_cache(_fail, q, k_cache, v_cache, out, k_scales, v_scales, kv_quant, MAX_GROUP, v_any_dim_stride=True)
     num_seqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     if seq_lens.dim() != 1 or seq_lens.dtype != torch.int32:
         _fail(f"seq_lens must be int32 [num_seqs], got {tuple(seq_lens.shape)} {seq_lens.dtype}")
@@ -414,7 +419,7 @@ def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens
         seq_lens if sel is None else sel,
         float(scale) * _LOG2E, num_seqs, total_q_blocks, block_size,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
+        *k_cache.stride()[:3], *v_cache.stride(), *ks_strides, *vs_strides,
         block_table.stride(0),
         GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
@@ -432,7 +437,8 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
     (sequence s owns rows ``cu_seqlens_q[s]:cu_seqlens_q[s + 1]``; a decode row is a chunk of one token).
     seq_lens: int32 [num_seqs], each sequence's length including its chunk, whose K/V must already be in the
     cache. k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim] in q's dtype, or uint8 codes with
-    kv_quant "fp8" / "int8" and float32 k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides).
+    kv_quant "fp8" / "int8" and float32 k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides; K
+    contiguous in head_dim, V with any head_dim stride: an int8 cache holds V by dim, docs/kv-cache-layout.md).
     block_table: int32 [>= num_seqs, max_blocks]. Rows past ``cu_seqlens_q[num_seqs]`` are not written.
     software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).
     max_seqlen_k: a host int >= every seq_len; with 8-bit caches it enables the 16-bit mirror
@@ -477,7 +483,7 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
     _mirror_kernel[(buf.shape[0] * (MIRROR_PAGE // _MIRROR_BLOCK_T), hkv)](
         k_cache, v_cache, k_scales, v_scales, block_table, seq_lens, owner, mk, mv, msk,
         block_size, block_table.stride(0),
-        *k_cache.stride()[:3], *v_cache.stride()[:3], *k_scales.stride(), *v_scales.stride(), *mk.stride()[:3],
+        *k_cache.stride()[:3], *v_cache.stride(), *k_scales.stride(), *v_scales.stride(), *mk.stride()[:3],
         *msk.stride(),
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=_MIRROR_BLOCK_T, PAGE=MIRROR_PAGE,
         KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8), PTX=_use_ptx(q.device), num_warps=4,

@@ -18,7 +18,7 @@ from kernels.decode_attention import decode_attention, launch_params, workspace_
 from kernels.decode_attention.decode_attention import _codes_to_f16, _decode_split_kernel, _merge_splits_kernel
 from kernels.decode_attention.reference import paged_decode_reference
 from kernels.kv_quant.reference import quantized_paged_cache
-from tests.attention_checks import assert_rel_close, v_by_dim
+from tests.attention_checks import assert_rel_close, v_by_dim, v_by_token
 
 pytestmark = pytest.mark.gpu
 da_module = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
@@ -157,10 +157,11 @@ def test_every_placement_of_the_code_conversion_matches_reference(monkeypatch, k
     check(run(case, software_fp8=software), case)
 
 
-@pytest.mark.parametrize("kv_quant,software", [(None, False), ("fp8", False), ("fp8", True), ("int8", False)])
+@pytest.mark.parametrize("kv_quant,software", [(None, False), ("fp8", False), ("fp8", True)])
 @pytest.mark.parametrize("early_convert", [0, 1, 2])
 def test_v_stored_by_dim_gives_the_same_output_as_by_token(monkeypatch, kv_quant, software, early_convert):
-    # pages holding V as [kv heads, head_dim, block_size] (tokens contiguous), read through V's head_dim stride
+    # pages holding V as [kv heads, head_dim, block_size] (tokens contiguous), read through V's head_dim stride: the
+    # fp16 products give the same bits (int8 caches hold V by dim and take their own path: the test below)
     monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"early_convert": early_convert}}))
     case = make_case([5000, 1553, 3], 1552, kv_quant=kv_quant, seed=8)
     want = run(case, software_fp8=software)
@@ -300,6 +301,31 @@ def test_int8_qk_costs_no_accuracy_against_the_fp16_path(monkeypatch, q_dtype, k
           f"{', '.join(f'{e:.2e}' for e in errs[0])}; int8_qk {', '.join(f'{e:.2e}' for e in errs[1])}")
     for e0, e1 in zip(errs[0], errs[1]):
         assert e1 <= 1.25 * e0 + 1e-4, f"int8_qk {e1:.3g} against the fp16 path's {e0:.3g}"
+
+
+# --- int8 caches hold V by dim: P x V as int8 x int8 products (INT8_PV) --------------------------------------------
+@pytest.mark.parametrize("q_dtype,v_mag", [(torch.float16, 1.0), (torch.bfloat16, 1e-6), (torch.bfloat16, 1e5)],
+                         ids=["fp16", "bf16-small-v", "bf16-large-v"])
+@pytest.mark.parametrize("k_mag", [2.0, 6e4])
+def test_int8_pv_costs_no_accuracy_against_the_fp16_path(q_dtype, v_mag, k_mag):
+    # the cache's V (by dim) takes the int8 x int8 P x V path, a by-token copy of it the fp16 path; both against one
+    # float64 reference on the dequantized cache. fp16 q and out where the outputs fit fp16 (rounding 2^-11, so a
+    # difference between the paths would show above the output's rounding), bf16 for |V| 1e-6 and 1e5
+    case = make_case([16385, 5000, 17], 1552, kv_quant="int8", seed=13, k_mag=k_mag, v_mag=v_mag)
+    case["q"] = case["q"].to(q_dtype)
+    assert case["v_cache"].stride(1) == 1
+    kw = {k: case[k] for k in ("k_scales", "v_scales", "kv_quant")}
+    want = paged_decode_reference(case["q"], case["k_cache"], case["v_cache"], case["block_table"],
+                                  case["seq_lens"], case["scale"], dtype=torch.float64, **kw)
+    errs = {}
+    for path, c in (("fp16", dict(case, v_cache=v_by_token(case["v_cache"]))), ("int8", case)):
+        out = run(c)
+        assert_rel_close(out, want)
+        errs[path] = _rel_errors(out, want)
+    print(f"int8 KV, q {q_dtype}, |K| ~{k_mag:g}, |V| ~{v_mag:g}: relative error per sequence vs float64, fp16 P x V "
+          f"{', '.join(f'{e:.2e}' for e in errs['fp16'])}; int8 P x V {', '.join(f'{e:.2e}' for e in errs['int8'])}")
+    for e0, e1 in zip(errs["fp16"], errs["int8"]):
+        assert e1 <= 1.25 * e0 + 1e-4, f"int8 P x V {e1:.3g} against the fp16 path's {e0:.3g}"
 
 
 @triton.jit

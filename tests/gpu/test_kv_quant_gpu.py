@@ -59,8 +59,8 @@ def _case(t, nb, bs, seed, scale_k=2.0, scale_v=0.05):
 
 def _diff(got, want):
     """Where two caches differ: byte counts in the code and scale regions, worst scale ratio."""
-    gk, _, gs, _ = split_kv_cache(got, D)
-    wk, _, ws, _ = split_kv_cache(want, D)
+    gk, _, gs, _ = split_kv_cache(got, D, "fp8")  # K and its scales: the same layout for every kind
+    wk, _, ws, _ = split_kv_cache(want, D, "fp8")
     codes = int((gk != wk).sum())
     scales = int((gs != ws).sum())
     ratio = float((gs / ws.where(ws != 0, torch.ones_like(ws))).sub(1).abs().max()) if scales else 0.0
@@ -76,7 +76,7 @@ def test_write_kernel_matches_torch_reference_bit_exact(kind, record):
     paths = [True, False] if kind == "fp8" else [None]
     for software in paths:
         got = torch.full_like(want, 0x5A)
-        reshape_and_cache_per_token_head(key, value, *split_kv_cache(got, D), slots, kind, software_fp8=software)
+        reshape_and_cache_per_token_head(key, value, *split_kv_cache(got, D, kind), slots, kind, software_fp8=software)
         assert torch.equal(got, want), f"software_fp8={software}: {_diff(got, want)}"
     record(tokens=key.shape[0], paths=len(paths))
 
@@ -93,11 +93,11 @@ def test_write_kernel_every_finite_bf16_value_finite_and_paths_identical(kind):
     for software in ([True, False] if kind == "fp8" else [None]):
         cache = torch.zeros(kv_cache_shape(1, t, H, D), dtype=torch.uint8, device=DEV)
         reshape_and_cache_per_token_head(
-            key, value, *split_kv_cache(cache, D), torch.arange(t, device=DEV), kind, software_fp8=software
+            key, value, *split_kv_cache(cache, D, kind), torch.arange(t, device=DEV), kind, software_fp8=software
         )
         caches.append(cache)
     assert all(torch.equal(c, caches[0]) for c in caches[1:])
-    k_codes, v_codes, k_scales, v_scales = split_kv_cache(caches[0], D)
+    k_codes, v_codes, k_scales, v_scales = split_kv_cache(caches[0], D, kind)
     for codes, scales in ((k_codes, k_scales), (v_codes, v_scales)):
         assert torch.isfinite(scales).all() and (scales >= 0).all()
         assert torch.isfinite(dequantize_per_token_head(codes, scales, kind)).all()
@@ -111,7 +111,7 @@ def test_write_kernel_replays_in_cuda_graph_with_new_slots(kind):
     key, value, _ = _case(t, nb, bs, seed=3)
     slots = torch.zeros(t, dtype=torch.int64, device=DEV)
     cache = torch.zeros(kv_cache_shape(nb, bs, H, D), dtype=torch.uint8, device=DEV)
-    views = split_kv_cache(cache, D)
+    views = split_kv_cache(cache, D, kind)
     reshape_and_cache_per_token_head(key, value, *views, slots, kind)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -2,7 +2,8 @@
 
 Chunk lengths 1, 17, 4095 and 4096; histories off the page grid; several prefills and decodes in one batch;
 shuffled pages of 784 (bf16) and 1552 (8-bit) tokens; bf16, int8 and fp8 (hardware and software e4m3) caches,
-through the 16-bit mirror and read directly;
+through the 16-bit mirror and read directly, with V as the 8-bit cache stores it (int8 by dim, fp8 by token) and
+copied the other way (the same output bit for bit);
 finite outputs for extreme finite inputs; the router's warmup compiles the only specialization, so varied
 batches afterwards compile nothing; the engine's mirror (reserved with the model) holds a sequence of
 max_model_len, or startup fails naming the knobs. Tolerances as in tests/test_prefill_attention.py (P and the output are
@@ -14,9 +15,11 @@ import pytest
 import torch
 
 from dcu import prefill_attention as route
+from kernels.kv_quant.layout import V_BY_DIM
 from kernels.kv_quant.reference import quantized_paged_cache
 from kernels.prefill_attention import prefill_attention
 from kernels.prefill_attention.reference import paged_prefill_reference
+from tests.attention_checks import v_by_dim
 
 pytestmark = pytest.mark.gpu
 pa_module = importlib.import_module("kernels.prefill_attention.prefill_attention")
@@ -103,6 +106,22 @@ def test_several_prefills_and_decodes_in_one_batch(kv_quant, mirror):
     chunks = [(1, 5000), (300, 0), (1, 17), (1999, 785), (1, 1551), (64, 64), (70, 3000)]
     case = make_case(chunks, kv_quant=kv_quant, seed=2)
     check(run(case, software_fp8=True, mirror=mirror), case)
+
+
+@pytest.mark.parametrize("mirror", [None, 0], ids=["mirror", "direct"])
+@pytest.mark.parametrize("kv_quant,software", [("int8", False), ("fp8", False), ("fp8", True)])
+def test_8bit_v_by_token_and_by_dim_give_identical_outputs(kv_quant, software, mirror):
+    # int8 caches hold V by dim (tokens contiguous; kv_quant.layout.V_BY_DIM), fp8 caches by token: the direct path
+    # and the mirror kernel read V through its head_dim stride, so the same codes stored the other way give the same
+    # output. The 512-token chunk takes the mirror (when on), the short chunk and the decode row the direct path
+    case = make_case([(512, 1600), (30, 9), (1, 40)], kv_quant=kv_quant, seed=7)
+    native = case["v"]
+    assert (native.stride(1) == 1) == (kv_quant in V_BY_DIM)
+    other = native.contiguous() if kv_quant in V_BY_DIM else v_by_dim(native)
+    assert torch.equal(other, native) and other.stride() != native.stride()
+    out = run(case, software_fp8=software, mirror=mirror)
+    assert torch.equal(run(dict(case, v=other), software_fp8=software, mirror=mirror), out)
+    check(out, case)
 
 
 def test_page_size_16():

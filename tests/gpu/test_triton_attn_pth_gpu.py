@@ -44,7 +44,7 @@ def make_batch(query_lens, context_lens, kind, seed):
         table[i, :n] = order[used : used + n]
         used += n
     cache = torch.zeros(kv_cache_shape(num_blocks, BS, HKV, D), dtype=torch.uint8, device=DEV)
-    views = split_kv_cache(cache, D)
+    views = split_kv_cache(cache, D, kind)
     for i, s in enumerate(seq_lens):
         pos = torch.arange(s, device=DEV)
         key = (torch.randn(s, HKV, D, device=DEV, generator=g) * 2).bfloat16()
