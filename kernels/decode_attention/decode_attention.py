@@ -51,9 +51,11 @@ contiguous), and with V read that way (host: V's token stride is 1) P x V is int
 becomes an int8 pair, 127 P' = hi + lo / 254 (_p_int8_pair: within 1 / 64516 of P'), and two int8 dots with V's raw
 codes accumulate exactly in int32; V is never converted, and its tile goes from global memory to shared memory to the
 matrix operands (no fp16 copy in shared memory; with the reduction axis contiguous that needs no byte gathers).
-MEASURED_PV
-fp8 codes must become fp16 first, so fp8 caches keep V by token (the fp16 path on a V by dim took 2.1-3.6x the time:
-Triton stages the converted tile with byte gathers).
+H200, against the by-token fp16 path with the previous sm90 entry in the same calls (bench/results/2026-12-03-h200-
+device-runs-9.md, calls A and B): 0.967 / 0.974x its time (geomean over batch 1/4/16/64 x 4-32K); batch 64
+0.92-0.93x (83-91% of copy bandwidth; int8 / bf16 at 16-32K 0.59-0.62 against 0.65-0.68), batch 1-16 0.97-1.01x.
+fp8 codes must become fp16 first, so fp8 caches keep V by token (the fp16 path on a V by dim took 1.3-2.0x its
+by-token time for fp8, 2.4-5.7x for int8: Triton stages the converted tile with byte gathers; H200, 2026-12-03).
 Scores are not clamped: |q . k x scale| must stay within float32 (the prefill kernel saturates S
 at +-3e38 for inputs beyond that).
 Rows past the end of a sequence re-read its last token instead of being masked, so the K/V loads
@@ -587,7 +589,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     kv_heads, head_dim], q's dtype, or uint8 codes with kv_quant "fp8" / "int8" and float32
     k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides). K is contiguous in head_dim; V may have any
     head_dim stride: an int8 cache's V by dim (tokens contiguous, as kv_quant.layout.split_kv_cache makes it) takes
-    the int8 x int8 P x V path; every other layout the fp16 path (fp8 V by dim: 2.1-3.6x slower than by token on the
+    the int8 x int8 P x V path; every other layout the fp16 path (fp8 V by dim: 1.3-2.0x its by-token time on the
     H200, bench --v-layouts token,dim). block_table: int32
     [>= batch, max_blocks]; seq_lens: int32 [batch] (0 = padded slot, output zeros).
     software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).

@@ -114,7 +114,9 @@ PARAMS = {
         # hardware (issue #17), so fp8 keeps 4 warps (bench/results/2026-12-02-h200-decode-kv8-prologue-warps.md)
         # int8 again (2026-12-03): int8 caches hold V by dim and take the int8 x int8 P x V path, whose tiles
         # never go through shared memory as fp16: BLOCK_N 128 on 4 warps with 2 stages (78.8 KB of shared memory,
-        # 2 programs per SM) MEASURED_PARAMS
+        # 2 programs per SM), 0.967 / 0.974x the previous int8 time in two calls (batch 64 0.92-0.93x); around it
+        # 8 warps 1.45x, 3 stages 1.11x, BLOCK_N 256 x 8 warps 1.39x, BLOCK_N 64 x 4 stages 1.07x
+        # (bench/results/2026-12-03-h200-device-runs-9.md, calls A and B)
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
                 "split_round": "down", "int8_qk": 1, "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}},
     },

@@ -28,7 +28,7 @@ QMAX = {"fp8": 448.0, "int8": 127.0}
 # kinds whose pages hold V's codes by dim (H x D x block_size, tokens contiguous) instead of by token: int8 codes go
 # to int8 x int8 matrix products as they are (decode's P x V, P' as an int8 pair), which want the reduction axis
 # (tokens) contiguous. fp8 codes must become fp16 first, which Triton does fastest from rows of dims (H200: an fp8
-# V by dim took 2.3-3.4x the time, int8 by dim with int8 products 0.92-0.97x; docs/kv-cache-layout.md)
+# V by dim took 1.3-2.0x its by-token time in the decode kernel; docs/kv-cache-layout.md has the int8 numbers)
 V_BY_DIM = frozenset({"int8"})
 
 
