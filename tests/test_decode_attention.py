@@ -158,17 +158,6 @@ def test_int8_caches_hold_v_by_dim_and_take_the_int8_pv_path(params, int8_qk, pa
     assert not torch.equal(int8_pv, fp16_pv)
 
 
-@pytest.mark.parametrize("k_mag", [2.0, 6e4])
-@pytest.mark.parametrize("v_mag", [1e-6, 1e5])
-def test_int8_pv_across_the_value_range(params, v_mag, k_mag):
-    # P' in [0, 1] whatever |V| is (the V factor is in the scores), so its int8 pair needs no range of its own
-    params(kv8={"page_loop": 1})
-    case = make_case([70, 45], block_size=16, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="int8", k_mag=k_mag,
-                     v_mag=v_mag, seed=12)
-    assert case["v_cache"].stride(1) == 1
-    assert_rel_close(run(case, num_splits=3), reference(case))
-
-
 @pytest.mark.parametrize("kv_quant", [None, "int8", "fp8"])
 def test_pages_smaller_than_a_tile_read_each_token_from_its_own_page(params, kv_quant):
     params(BLOCK_N=32)  # 16-token pages: one tile spans two or three pages
@@ -248,12 +237,16 @@ def test_int8_qk_matches_the_reference_for_ragged_lengths(params, page_loop):
     assert_close(run(case, num_splits=2), reference(case), torch.bfloat16)
 
 
+@pytest.mark.parametrize("kv8", [{"int8_qk": 1}, {"page_loop": 1}], ids=["int8_qk", "page_loop"])
 @pytest.mark.parametrize("k_mag", [2.0, 6e4])
 @pytest.mark.parametrize("v_mag", [1e-6, 1e5])
-def test_int8_qk_across_the_value_range(params, v_mag, k_mag):
-    params(kv8={"int8_qk": 1})
+def test_int8_qk_across_the_value_range(params, v_mag, k_mag, kv8):
+    # int8 caches hold V by dim, so P x V is the int8 pair path too: P' is in [0, 1] whatever |V| is (the V factor
+    # is in the scores), so its int8 pair needs no range of its own; with and without int8 QK and the page loop
+    params(kv8=kv8)
     case = make_case([70, 45], block_size=16, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="int8", k_mag=k_mag,
                      v_mag=v_mag, seed=12)
+    assert case["v_cache"].stride(1) == 1
     assert_rel_close(run(case, num_splits=3), reference(case))
 
 

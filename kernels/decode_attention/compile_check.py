@@ -16,6 +16,7 @@ import os
 import sys
 
 from ..compile_tools import amdgcn_usage, gpu_target, jit_signature, ptxas_usage
+from ..kv_quant.layout import V_BY_DIM
 from . import launch_params
 
 _PTR = {"q": "*bf16", "k": "*u8", "v": "*u8", "ks": "*fp32", "vs": "*fp32", "block_table": "*i32",
@@ -34,7 +35,8 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
 
     from .decode_attention import _BLOCK_H, _decode_split_kernel, split_kernel_launch
 
-    v_by_dim = kv_quant == 2  # int8 caches hold V by dim (kv_quant.layout.V_BY_DIM): the int8 x int8 P x V path
+    # V as the kind's cache stores it (int8 by dim: the int8 x int8 P x V path)
+    v_by_dim = {1: "fp8", 2: "int8"}.get(kv_quant) in V_BY_DIM
     launch_consts, options = split_kernel_launch(launch, block_size, kv_quant, v_by_dim)  # as the launcher does
     # as the JIT specializes them at Qwen3.5-27B's shapes (compile_tools.jit_signature): the 8-bit scale views' head
     # stride is 1; the other integers are multiples of 16 except the scales' token stride (4 heads), the block
