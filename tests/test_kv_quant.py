@@ -185,6 +185,200 @@ def test_kernel_splits_many_heads_over_programs(kind):
     assert torch.equal(got, want)
 
 
+# ----------------------------------------------------------------------------------------------
+# the two write kernels: token tiles for V by dim (int8 caches), one token per program for V by token
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Every launch of the two write kernels, as ``{"tiled" | "per_token": [(args, kwargs), ...]}`` (the
+    interpreter runs them as usual); the warm-up launches of the other V-by-dim kernel (one padding slot, the
+    first write through new views) go to "warm_tiled" / "warm_per_token". Starts with no views warmed."""
+    from kernels.kv_quant import cache_write
+
+    monkeypatch.setattr(cache_write, "_WARMED", set())
+    log = {"tiled": [], "per_token": [], "warm_tiled": [], "warm_per_token": []}
+    for name, kernel in (("tiled", cache_write._reshape_and_cache_tiled_kernel),
+                         ("per_token", cache_write._reshape_and_cache_pth_kernel)):
+        def run(*args, grid, warmup, _run=kernel.run, _name=name, **kwargs):
+            slots = args[6]
+            warm = slots.numel() == 1 and int(slots[0]) == -1
+            log[("warm_" if warm else "") + _name].append((args, kwargs))
+            return _run(*args, grid=grid, warmup=warmup, **kwargs)
+
+        monkeypatch.setattr(kernel, "run", run)
+    return log
+
+
+def _write_through_views(key, value, slots, kind, nb, bs, layout_kind, sentinel=0xA5):
+    """The kernel writes ``kind`` codes through the views of ``split_kv_cache(.., layout_kind)`` (V by dim for
+    "int8", by token for "fp8"), the reference into a ``kind`` cache; both caches' views (logical
+    [block, token, head, dim]; together they cover every byte of the cache)."""
+    h, d = key.shape[1], key.shape[2]
+    got = torch.full((nb, 2, bs, h, d + 4), sentinel, dtype=torch.uint8)
+    want = got.clone()
+    got_views = split_kv_cache(got, d, layout_kind)
+    reshape_and_cache_per_token_head(key, value, *got_views, slots, kind)
+    reshape_and_cache_reference(key, value, want, slots, kind)
+    return got_views, split_kv_cache(want, d, kind), got, want
+
+
+def _tile_edge_slots(bt: int, nb: int, bs: int, g) -> torch.Tensor:
+    """3 full tiles of bt tokens and a partial one (5 tokens), distinct slots of an nb x bs cache: a consecutive run
+    from a page start, a consecutive run from mid-page into the next page, scattered slots over the pages, and a
+    mixed tail; padding (-1) in the middle of each tile."""
+    runs = [torch.arange(3 * bs, 3 * bs + bt), torch.arange(7 * bs - 5, 7 * bs - 5 + bt)]
+    used = set(torch.cat(runs).tolist())
+    free = torch.tensor([s for s in torch.randperm(nb * bs, generator=g).tolist() if s not in used])
+    scattered, tail_scattered = free[:bt], free[bt : bt + 3]
+    tail = torch.cat([torch.arange(9 * bs, 9 * bs + 2), tail_scattered])
+    slots = torch.cat([*runs, scattered, tail])
+    for pos in (5, 6, bt + bt // 2, 2 * bt + bt // 2 - 1, 3 * bt + 3):  # -1 inside every tile, two in a row
+        slots[pos] = -1
+    assert slots.shape[0] == 3 * bt + 5
+    return slots
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tile_tokens", [16, 32])
+def test_tiled_kernel_edges_partial_tile_padding_scattered_and_consecutive_slots(kind, tile_tokens, launches,
+                                                                               monkeypatch):
+    # V by dim (tokens contiguous) goes to the token-tiled kernel: the int8 cache's own layout, and fp8 codes
+    # through by-dim views (what the tile does with an e4m3 encode); tile sizes of the interpreter and of the GPUs
+    from kernels.kv_quant import cache_write
+
+    monkeypatch.setitem(cache_write._LAUNCH, "cpu", dict(cache_write._LAUNCH["cpu"], tile_tokens=tile_tokens))
+    g = torch.Generator().manual_seed(8)
+    nb, bs, h, d = 12, 40, 3, 48  # 3 heads, head_size below its power of two (dims masked), bs not a power of two
+    slots = _tile_edge_slots(tile_tokens, nb, bs, g)
+    t = slots.shape[0]
+    key = (torch.randn(t, h, d, generator=g) * 3).bfloat16()
+    value = (torch.randn(t, h, d, generator=g) * 0.05).bfloat16()
+    key[slots < 0] = float("nan")  # padding rows are never read into a stored row
+    value[slots < 0] = float("inf")
+    got_views, want_views, got, want = _write_through_views(key, value, slots, kind, nb, bs, layout_kind="int8")
+    assert len(launches["tiled"]) == 1 and not launches["per_token"]
+    for a, b in zip(got_views, want_views):
+        assert torch.equal(a, b)
+    if kind == "int8":
+        assert torch.equal(got, want)  # the same layout: every byte, the untouched sentinel included
+    written = set(slots[slots >= 0].tolist())
+    k_scales = got_views[2]
+    for slot in range(nb * bs):
+        untouched = (k_scales[slot // bs, slot % bs].view(torch.int32) == 0xA5A5A5A5 - (1 << 32)).all().item()
+        assert untouched != (slot in written)
+
+
+@pytest.mark.parametrize("kind, layout_kind, kernel", [("fp8", "fp8", "per_token"), ("int8", "int8", "tiled"),
+                                                       ("int8", "fp8", "per_token"), ("fp8", "int8", "tiled")])
+def test_kernel_choice_follows_v_layout_and_both_match_reference(kind, layout_kind, kernel, launches):
+    # V by token (fp8 caches, or an int8 view by token) keeps the one-token-per-program kernel
+    g = torch.Generator().manual_seed(9)
+    nb, bs, h, d, t = 4, 16, 2, 32, 21
+    key, value = torch.randn(t, h, d, generator=g), torch.randn(t, h, d, generator=g)
+    slots = torch.randperm(nb * bs, generator=g)[:t]
+    slots[4] = -1
+    got_views, want_views, _, _ = _write_through_views(key, value, slots, kind, nb, bs, layout_kind)
+    assert len(launches[kernel]) == 1 and len(launches["tiled"]) + len(launches["per_token"]) == 1
+    for a, b in zip(got_views, want_views):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_v_by_dim_small_batches_take_the_per_token_kernel_and_the_first_write_warms_both(kind, launches, monkeypatch):
+    # tiled_min_tokens splits V-by-dim writes by size (decode steps per token, prefill chunks tiled); the engine's
+    # warm-up meets one size, so the first write through a set of views also launches the other kernel on one padding
+    # slot, which writes nothing; later writes through the same views launch only the kernel their size picks
+    from kernels.kv_quant import cache_write
+
+    monkeypatch.setitem(cache_write._LAUNCH, "cpu", dict(cache_write._LAUNCH["cpu"], tiled_min_tokens=8))
+    g = torch.Generator().manual_seed(12)
+    nb, bs, h, d = 6, 24, 2, 32
+    got = torch.full((nb, 2, bs, h, d + 4), 0xA5, dtype=torch.uint8)
+    want = got.clone()
+    views = split_kv_cache(got, d, "int8")
+    slots = torch.randperm(nb * bs, generator=g)
+    start = 0
+    for t, kernel in ((7, "per_token"), (8, "tiled"), (3, "per_token"), (30, "tiled")):
+        key = torch.randn(t, h, d, generator=g).bfloat16()
+        value = torch.randn(t, h, d, generator=g).bfloat16()
+        before = {k: len(v) for k, v in launches.items()}
+        reshape_and_cache_per_token_head(key, value, *views, slots[start : start + t], kind)
+        reshape_and_cache_reference(key, value, want, slots[start : start + t], kind)
+        start += t
+        new = {k: len(v) - before[k] for k, v in launches.items()}
+        other = "tiled" if kernel == "per_token" else "per_token"
+        first = before == {k: 0 for k in before}
+        assert new == {kernel: 1, other: 0, "warm_" + other: int(first), "warm_" + kernel: 0}, (t, new)
+    # every write matches the reference (logical views; fp8 codes through by-dim views), the warm-up wrote nothing
+    for a, b in zip(views, split_kv_cache(want, d, kind)):
+        assert torch.equal(a, b)
+    if kind == "int8":
+        assert torch.equal(got, want)  # the same layout: every byte, the untouched sentinel included
+
+
+def test_v_by_dim_writer_compiles_once_for_any_num_tokens(launches):
+    # The interpreter compiles nothing, so this asks Triton's own launch binder (what picks the compiled kernel on a
+    # GPU) for the specialization of every launch: with num_tokens not specialized, batches of 1, 16, 17, ... tokens
+    # map to one kernel on CUDA and ROCm targets, so the engine's warm-up compile serves them all.
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import make_backend
+        from triton.runtime.jit import JITFunction, create_function_from_signature
+    except ImportError as e:
+        pytest.skip(f"this Triton has no launch binder to ask ({e})")
+    from kernels.kv_quant import cache_write
+
+    h, d, nb, bs = 4, 64, 8, 48
+    cache = torch.zeros(kv_cache_shape(nb, bs, h, d), dtype=torch.uint8)
+    views = split_kv_cache(cache, d, "int8")
+    qkv = torch.randn(nb * bs, 3 * h * d).bfloat16()  # key / value: views of a fused buffer, as in the engine
+    counts = (1, 2, 15, 16, 17, 32, 64, 67, 100, 257)
+    for t in counts:
+        key, value = qkv[:t, h * d : 2 * h * d].view(t, h, d), qkv[:t, 2 * h * d :].view(t, h, d)
+        reshape_and_cache_per_token_head(key, value, *views, torch.randperm(nb * bs)[:t], "int8")
+    assert len(launches["tiled"]) == len(counts) and not launches["per_token"]
+
+    kernel = cache_write._reshape_and_cache_tiled_kernel
+    fn = getattr(kernel, "fn", kernel)
+    dns = kernel.kwargs["do_not_specialize"] if hasattr(kernel, "kwargs") else kernel.do_not_specialize
+    assert "num_tokens" in dns
+    for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx90a", 64)):
+        backend = make_backend(target)
+
+        def keys(do_not_specialize):
+            jit = JITFunction(fn, do_not_specialize=do_not_specialize)
+            bind = create_function_from_signature(jit.signature, jit.params, backend)
+            return {repr(bind(*args, **kwargs)[1:]) for args, kwargs in launches["tiled"]}
+
+        assert len(keys(dns)) == 1, target
+        assert len(keys(None)) > 1, target  # the check can fail: specialized, num_tokens == 1 / % 16 / other differ
+
+
+def test_write_bench_call_path_uses_the_engine_layouts_and_both_slot_patterns(launches, monkeypatch):
+    # kernels/kv_quant/bench.py at tiny shapes (the GPU run times it): the int8 rows go through V by dim (the tiled
+    # kernel), the fp8 rows through V by token; "prefill" slots are consecutive within shuffled pages
+    from kernels.kv_quant import bench
+
+    monkeypatch.setattr(bench, "H", 2)
+    monkeypatch.setattr(bench, "D", 32)
+    monkeypatch.setattr(bench, "BLOCK_BF16", 16)
+    monkeypatch.setattr(bench, "BLOCK_PTH", 24)
+    monkeypatch.setattr(bench, "_upstream_writer", lambda: (None, "not in this test"))
+    monkeypatch.setattr(bench, "_time_us", lambda fn: fn() or 1.0)  # one call, no timing
+    rows, _ = bench.bench([1, 40], dev="cpu")
+    assert [(r["slots"], r["tokens"]) for r in rows[::4]] == [("random", 1), ("random", 40), ("prefill", 1),
+                                                              ("prefill", 40)]
+    assert [r["method"] for r in rows[:4]] == ["bf16_torch", "fp8_pth_hw", "fp8_pth_sw", "int8_pth"]
+    assert len(launches["tiled"]) == 4 and len(launches["per_token"]) == 8  # one int8, two fp8 rows per point
+
+    g = torch.Generator().manual_seed(10)
+    slots = bench._slots("prefill", 60, 4, 24, g, "cpu")
+    assert slots.unique().numel() == 60 and slots.max() < 4 * 24
+    pages = slots[:48].view(2, 24)
+    assert (pages[:, 1:] - pages[:, :-1] == 1).all() and (pages[:, 0] % 24 == 0).all()
+
+
 def test_kernel_rejects_bad_arguments():
     cache = torch.zeros(2, 2, 4, 2, 12, dtype=torch.uint8)
     views = split_kv_cache(cache, 8, "int8")
