@@ -119,10 +119,12 @@ def test_quantized_cache_matches_dequantized_reference(kv_quant, software_fp8):
 
 @pytest.mark.parametrize("mirror", [0, 512], ids=["direct", "mirror"])
 def test_v_read_through_its_head_dim_stride_by_token_or_by_dim(mirror):
-    # int8 caches hold V by dim (tokens contiguous; kv_quant/layout.py V_BY_DIM), fp8 caches by token: the direct
-    # path and the mirror kernel read V through its head_dim stride, so one cache's codes give the same output bit
-    # for bit stored either way. With the mirror, the 70-token chunk goes through it (one 256-token page) and the
-    # decode row and short chunk read the cache directly; head_dim 24 masks the dims past it (BLOCK_D 32)
+    # int8 caches hold V by dim (tokens contiguous; kv_quant/layout.py V_BY_DIM), fp8 caches by token: the mirror
+    # kernel and the direct path read V through its head_dim stride, so one cache's codes give the same output bit
+    # for bit stored either way, except int8 V by dim on the direct path, whose P x V is int8 x int8 (rounded
+    # differently, test_int8_v_by_dim_takes_the_int8_pv_product). With the mirror, the 70-token chunk goes through
+    # it (one 256-token page) and the decode row and short chunk read the cache directly; head_dim 24 masks the
+    # dims past it (BLOCK_D 32)
     pa_mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
     chunks = [(70, 100), (1, 50), (20, 9)]
     kw = dict(params=p(16), mirror_params=p(16, 32), max_seqlen_k=170, mirror=mirror, software_fp8=True)
@@ -143,11 +145,87 @@ def test_v_read_through_its_head_dim_stride_by_token_or_by_dim(mirror):
             # the mirror kernel wrote sequence 0's V (170 tokens, moderate bf16 values) over the NaN fill of the
             # mirror's first page exactly when the mirror is on (buf is stored as fp16: an fp16 NaN until written)
             assert bool(torch.isnan(buf[0, 1, :170]).any()) == (mirror == 0)
-        assert torch.equal(outs[0], outs[1]), f"{kv_quant}: V by token and by dim give different outputs"
-        assert_close(outs[0], reference(case), torch.bfloat16)
+        same = slice(0, 70 if mirror else 0) if kv_quant == "int8" else slice(None)  # rows V's layout cannot move
+        assert torch.equal(outs[0][same], outs[1][same]), f"{kv_quant}: V by token and by dim give different outputs"
+        for out in outs:
+            assert_close(out, reference(case), torch.bfloat16)
     # K stays contiguous in head_dim: a K by dim is refused
     with pytest.raises(ValueError, match="k_cache must be contiguous in head_dim"):
         run(dict(case, k_cache=v_by_dim(case["k_cache"])), **kw)
+
+
+@pytest.mark.parametrize("block_size,block_n", [(48, 32), (32, 32), (80, 16)])
+def test_int8_v_by_dim_takes_the_int8_pv_product(block_size, block_n):
+    # the direct path over an int8 cache (V by dim) runs P x V as int8 x int8 over windows of BLOCK_N contiguous
+    # slots of one page; a page's last window overlaps the one before when BLOCK_N does not divide the page (48 and
+    # 80 tokens), and its overlapping slots must count once. A by-token copy of V takes the fp16 product: the two
+    # round differently (not a silent fallback), both within the float64 reference's bounds. Decode rows, a short
+    # chunk and a chunk longer than a query tile; histories that end inside, at and one past a page's windows
+    chunks = [(1, 95), (1, block_size - 1), (3, block_size), (40, 2 * block_size + 5), (1, 0)]
+    case = make_case(chunks, block_size=block_size, kv_quant="int8", hq=12, hkv=2, seed=21)
+    assert case["v_cache"].stride(1) == 1
+    int8_pv = run(case, params=p(16, block_n))
+    fp16_pv = run(dict(case, v_cache=case["v_cache"].contiguous()), params=p(16, block_n))
+    want = reference(case)
+    assert_close(int8_pv, want, torch.bfloat16)
+    assert_close(fp16_pv, want, torch.bfloat16)
+    assert not torch.equal(int8_pv, fp16_pv)
+
+
+@pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
+def test_8bit_garbage_past_the_end_of_the_last_page_does_not_reach_the_output(kv_quant):
+    # hybrid models share pages with other layers' state, so past a sequence's end a page may hold any bytes: e4m3
+    # NaN codes (0x7F) and NaN / inf scales. The int8 product path reads whole windows of a page (past the end too,
+    # masked by position), the others re-read the last token. 48-token pages, windows of 32 (overlapping)
+    lens = [(1, 19), (1, 46), (5, 91), (20, 30)]
+    case = make_case(lens, block_size=48, kv_quant=kv_quant, hq=4, hkv=2, seed=17)
+    want = reference(case)
+    for b, (c, h) in enumerate(lens):
+        n = c + h
+        page = case["block_table"][b, (n - 1) // 48]
+        tail = slice((n - 1) % 48 + 1, None)
+        case["k_cache"][page, tail] = 0x7F
+        case["v_cache"][page, tail] = 0x7F
+        case["k_scales"][page, tail] = float("nan")
+        case["v_scales"][page, tail] = float("inf")
+    for software in (True, False):
+        assert_close(run(case, params=p(16, 32), software_fp8=software), want, torch.bfloat16)
+
+
+@pytest.mark.parametrize("block_size,block_m,block_n", [(16, 16, 32), (48, 64, 16)], ids=["short-pages", "64-rows"])
+def test_int8_v_by_dim_keeps_the_fp16_product_on_short_pages_or_large_query_tiles(block_size, block_m, block_n):
+    # the int8 product reads whole windows of one page, and holds an int32 product tile beside the accumulator, so
+    # pages shorter than BLOCK_N and query tiles over 32 rows keep the gathered fp16 path: bit-identical to a
+    # by-token copy of V
+    case = make_case([(9, 40), (1, 30)], block_size=block_size, kv_quant="int8", d=16, seed=6)
+    by_dim = run(case, params=p(block_m, block_n))
+    assert torch.equal(by_dim, run(dict(case, v_cache=case["v_cache"].contiguous()), params=p(block_m, block_n)))
+    assert_close(by_dim, reference(case), torch.bfloat16)
+
+
+def test_the_direct_launch_beside_the_mirror_takes_the_short_rows_tile(monkeypatch):
+    # with the mirror on, the direct launch serves decode rows and short chunks: the table's kv8_short; with the
+    # mirror off it serves every chunk: kv8. Distinct tiles in the interpreter's entry show which one each launch got
+    pa_mod = importlib.import_module("kernels.prefill_attention.prefill_attention")
+    entry = dict(launch_params.PARAMS["interpreter"], kv8=p(64, 16), kv8_short=p(16, 32), kv16=p(16, 32))
+    monkeypatch.setitem(launch_params.PARAMS, "interpreter", entry)
+    launch_params._CACHE.clear()
+    got = []
+    real = pa_mod._attend
+
+    def spy(*args, **kw):
+        got.append((args[12]["BLOCK_M"], args[12]["BLOCK_N"], kw.get("mirror", False)))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(pa_mod, "_attend", spy)
+    case = make_case([(70, 30), (1, 50)], block_size=48, kv_quant="int8", hq=4, hkv=1, seed=13)
+    for mirror, want in ((512, [(16, 32, True), (16, 32, False)]), (0, [(64, 16, False)])):
+        got.clear()
+        _nan_mirror(pa_mod, hkv=1, d=case["q"].shape[-1])
+        out = run(case, max_seqlen_k=100, mirror=mirror)
+        assert got == want, mirror
+        assert_close(out, reference(case), torch.bfloat16)
+    launch_params._CACHE.clear()
 
 
 def test_mixed_batch_of_decode_rows_and_prefill_chunks_matches_reference():
@@ -299,7 +377,11 @@ def test_bad_param_overrides_fail_naming_the_problem(text, msg):
 def test_param_override_applies_to_both_widths_and_keeps_the_table():
     entry = launch_params.get_params("sm90", override='{"BLOCK_M": 64, "kv8": {"BLOCK_N": 32}}')
     assert entry["kv16"]["BLOCK_M"] == 64 and entry["kv8"]["BLOCK_M"] == 64 and entry["kv8"]["BLOCK_N"] == 32
+    assert entry["kv8_short"]["BLOCK_M"] == 64 and entry["kv8_short"]["BLOCK_N"] == 64  # the top level is for all
     assert entry["measured"] is False
+    short = launch_params.get_params("sm90", override='{"kv8_short": {"BLOCK_M": 32, "num_warps": 4}}')
+    assert short["kv8_short"] == dict(launch_params.PARAMS["sm90"]["kv8_short"], BLOCK_M=32, num_warps=4)
+    assert short["kv8"] == launch_params.PARAMS["sm90"]["kv8"]
     assert launch_params.PARAMS["sm90"]["kv16"]["BLOCK_M"] != 64 or launch_params.PARAMS["sm90"]["kv8"]["BLOCK_N"] != 32
 
 
@@ -449,8 +531,9 @@ def test_table_entries_compile_within_the_targets_limits(target):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout)
-    assert [r["kv"] for r in rows] == ["bf16", "mirror", "int8", "int8 by token", "fp8"]
-    for r in rows:
+    # kv16 (bf16, the mirror), then the direct path's two tiles: kv8 and kv8_short
+    assert [r["kv"] for r in rows] == ["bf16", "mirror"] + ["int8", "int8 by token", "fp8"] * 2
+    for i, r in enumerate(rows):
         assert "error" not in r, r
         if target.startswith("gfx"):
             assert r["shared"] <= 65536 and r["spills"] == 0, r
@@ -460,6 +543,8 @@ def test_table_entries_compile_within_the_targets_limits(target):
                 # what made the mirror as fast as bf16 on the H200 (prefill_attention.py, above MIRROR_MIN_QUERY): q
                 # read from shared memory by the first dot, and a wgmma pipeline ptxas does not serialize
                 assert r["q_operand"] == "smem" and r["serialized"] is None, r
+            if i >= 5:  # kv8_short, the decode rows' tile (int8: the int8 products): nothing spilled
+                assert r["spills"] == 0, r
 
 
 @pytest.mark.slow

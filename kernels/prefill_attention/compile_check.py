@@ -10,8 +10,8 @@ MIRROR_MIN_QUERY), and 8-bit caches read directly: "int8" (V by dim, tokens cont
 kv_quant/layout.py V_BY_DIM), "int8 by token" (V contiguous in head_dim) and "fp8" (by token; software e4m3 on
 ROCm targets), Qwen3.5-27B's head shape (6 q heads per kv head, 256). "wgmma serialized" (sm90): ptxas's C751x
 advisory that it serialized the wgmma pipeline (a large slowdown; the reason, abbreviated, follows).
-Default configurations: the target's table entry (kv16 for bf16 and the mirror, which launches with it; kv8 for the
-direct path).
+Default configurations: the target's table entry (kv16 for bf16 and the mirror, which launches with it; kv8 and
+kv8_short for the direct path; "int8" at BLOCK_M <= 32 is the int8-product path, prefill_attention.py).
 ROCm targets compile for gfx90a, the wave64 target upstream LLVM knows (kernels/compile_tools.py).
 The pointer and stride alignment the JIT would see is passed in, so pipelining matches a real launch.
 """
@@ -73,7 +73,9 @@ def compile_one(target: str, cfg: dict, variant: str, group=6, head_dim=256, blo
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m,
                   BLOCK_Q=block_m // group, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
                   KV_QUANT=kv_quant, FP8_SOFTWARE=kv_quant == 1 and not cuda, PTX=kv_quant != 0 and cuda,
-                  SEQ_FILTER=1 if mirror else 0, MIRROR=mirror, **unit_strides)
+                  SEQ_FILTER=1 if mirror else 0, MIRROR=mirror,
+                  INT8_PV=kv_quant == 2 and not mirror and v_by_dim and block_size >= block_n and block_m <= 32,
+                  **unit_strides)
     gt = gpu_target(target)
     k = triton.compile(triton.compiler.ASTSource(fn=_prefill_kernel, signature=sig, constexprs=consts, attrs=attrs),
                        target=gt, options=cfg)
@@ -97,13 +99,14 @@ def main():
         configs = [(None, c) for c in json.loads(a.configs)]
     else:
         entry = launch_params.get_params(a.target)
-        configs = [("kv16", entry["kv16"]), ("kv8", entry["kv8"])]
+        configs = [(w, entry[w]) for w in launch_params.WIDTHS]
     rows = []
     if not a.json:
         print("| target | kv | config | regs | spills | shared / LDS B | async copies | q operand | wgmma serialized |")
         print("|---|---|---|---:|---:|---:|---:|---|---|")
     for width, cfg in configs:
-        for kind in [v for v, spec in VARIANTS.items() if width in (None, spec[0])]:
+        base = "kv8" if width == "kv8_short" else width  # the direct path's two tiles read the same caches
+        for kind in [v for v, spec in VARIANTS.items() if base in (None, spec[0])]:
             row = dict(target=a.target, kv=kind, config=cfg)
             try:
                 row.update(compile_one(a.target, cfg, kind))

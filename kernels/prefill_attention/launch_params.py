@@ -1,13 +1,16 @@
 """Launch parameters of the prefill attention kernel, as data: one entry per target.
 
-Keys of an entry: ``measured`` (from a benchmark on that target, or chosen on paper), and ``kv16`` / ``kv8``:
-the Triton launch for 2-byte (bf16/fp16) and 1-byte (fp8/int8 per-token-head) caches:
+Keys of an entry: ``measured`` (from a benchmark on that target, or chosen on paper), and ``kv16`` / ``kv8`` /
+``kv8_short``: the Triton launch for 2-byte (bf16/fp16) caches (and the 16-bit mirror of 8-bit ones), for 1-byte
+(fp8/int8 per-token-head) caches read directly, and for the direct launch beside the mirror, whose rows are short
+(decode rows and chunks under MIRROR_MIN_QUERY tokens; a long chunk only when the mirror is full), so a small query
+tile keeps more programs per row of work and, at BLOCK_M <= 32, int8 caches take the int8 x int8 products:
   BLOCK_M    query rows per program (query tokens x the q heads of one kv head; the launcher raises it to the
              group size's power of two when smaller)
   BLOCK_N    keys per tile
   num_warps, num_stages, and on ROCm waves_per_eu, matrix_instr_nonkdim.
 
-``VLLM_DCU_PREFILL_PARAMS`` overrides values for the current target, e.g. ``'{"BLOCK_M": 64}'`` (both widths),
+``VLLM_DCU_PREFILL_PARAMS`` overrides values for the current target, e.g. ``'{"BLOCK_M": 64}'`` (all three),
 ``'{"kv8": {"BLOCK_N": 32}}'``, or ``'{"matrix_instr_nonkdim": null}'`` (drop a ROCm option a Triton build does
 not accept). Read once per target and override text; a bad value fails at startup naming what is allowed.
 ``python -m kernels.prefill_attention.bench`` sweeps them on the device it runs on and prints an entry.
@@ -31,24 +34,32 @@ _POW2 = {"BLOCK_M": (16, 256), "BLOCK_N": (16, 256), "num_warps": (1, 16)}
 # bf16 (296 8-bit), 32 KiB LDS (the Q tile's layout change), no spills; 64x32 320 VGPRs; 128x16 / 4 warps 380
 # VGPRs and 64 KiB LDS (one workgroup per CU); 128x16 / 8 warps 161 VGPRs but 64 KiB LDS. Sweep on the DCU with
 # bench.py before trusting any of it. 2026-12-02 (sixth session, log2 V factor, 16-bit mirror): 64x16 bf16 252,
-# the mirror 256, the direct 8-bit path 292 VGPRs, no spills, 32 KiB LDS.
+# the mirror 256, the direct 8-bit path 292 VGPRs, no spills, 32 KiB LDS. kv8_short keeps kv8's tile until a DCU
+# measures the short rows (the H200 took a 16-row tile; int8 products need <= 32 rows, prefill_attention.py).
 _DCU = {
     "measured": False,
     "kv16": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
              "matrix_instr_nonkdim": 16},
     "kv8": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
             "matrix_instr_nonkdim": 16},
+    "kv8_short": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
+                  "matrix_instr_nonkdim": 16},
 }
 
 PARAMS = {
     # H200 (sm90, 132 SMs, 227 KiB shared memory per block): bench.py's sweep of 2026-12-02 (4096-token chunk at
     # 16K / 32K history): kv16 128x64, 8 warps, 2 stages 4.95 / 9.48 ms (128x32: 7.16 / 13.8; 64x64: 11.5 / 22.5);
     # kv8 (the direct path: decode rows and short chunks; long chunks use the 16-bit mirror with kv16's) 128x32,
-    # 8 warps, 3 stages 11.9 / 22.9 ms (128x64 spills ~6 KB at 255 registers, compile_check.py)
+    # 8 warps, 3 stages 11.9 / 22.9 ms (128x64 spills ~6 KB at 255 registers, compile_check.py).
+    # kv8_short, 2026-12-03 (bench/results/2026-12-03-h200-int8-v-by-dim-engine-prefill-writer.md): a decode row /
+    # a 16-token chunk after 16K-32K of history, int8 by dim 1.05-1.08x bf16's time at 16x64, 8 warps, 2 stages
+    # (int8 products; no spills) against 2.37-2.41x before V by dim and 4.8-5.2x at 128x32 (int8 products: 888 B of
+    # spills) or 64x32; 32x64 1.32-1.35x, 16x32 x 4 warps 1.53-1.59x; software fp8 1.10-1.12x against 2.38-2.43x
     "sm90": {
         "measured": True,
         "kv16": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
         "kv8": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
+        "kv8_short": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     },
     "gfx936": _DCU,
     "gfx928": _DCU,
@@ -57,6 +68,7 @@ PARAMS = {
         "measured": False,
         "kv16": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
         "kv8": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+        "kv8_short": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
     },
     "rocm": _DCU,
     # Triton CPU interpreter (tests): small tiles
@@ -64,8 +76,10 @@ PARAMS = {
         "measured": False,
         "kv16": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
         "kv8": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+        "kv8_short": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
     },
 }
+WIDTHS = ("kv16", "kv8", "kv8_short")
 
 
 def current_target(device=None) -> str:
@@ -78,15 +92,15 @@ def _fail(where: str, msg: str):
 
 
 def _parse_override(text: str) -> dict:
-    override = parse_override_object(ENV_VAR, text, set(_LAUNCH_KEYS) | {"kv16", "kv8"})
-    for sub in ("kv16", "kv8"):
+    override = parse_override_object(ENV_VAR, text, set(_LAUNCH_KEYS) | set(WIDTHS))
+    for sub in WIDTHS:
         if sub in override and (not isinstance(override[sub], dict) or set(override[sub]) - set(_LAUNCH_KEYS)):
             raise ValueError(f"{ENV_VAR}: '{sub}' must be an object with keys from {list(_LAUNCH_KEYS)}")
     return override
 
 
 def check_launch(launch: dict, where: str, rocm: bool) -> None:
-    """Raise ValueError naming the bad key unless ``launch`` is a valid kv16/kv8 entry for the target."""
+    """Raise ValueError naming the bad key unless ``launch`` is a valid kv16/kv8/kv8_short entry for the target."""
     missing = [k for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages") if k not in launch]
     if missing:
         _fail(where, f"missing {missing}")
@@ -121,19 +135,19 @@ def _build(target: str, text: str) -> dict:
         ov = _parse_override(text)
         where += f" with {ENV_VAR}={text}"
         for key, val in ov.items():
-            if key in ("kv16", "kv8"):
+            if key in WIDTHS:
                 entry[key].update(val)
             else:
-                entry["kv16"][key] = val
-                entry["kv8"][key] = val
-        for sub in ("kv16", "kv8"):  # null drops an option
+                for sub in WIDTHS:
+                    entry[sub][key] = val
+        for sub in WIDTHS:  # null drops an option
             for key in [k for k, v in entry[sub].items() if v is None]:
                 if key not in _ROCM_ONLY:
                     _fail(where, f"only {list(_ROCM_ONLY)} can be dropped with null, not {key}")
                 del entry[sub][key]
         entry["measured"] = False
     rocm = target.startswith("gfx") or target == "rocm"
-    for sub in ("kv16", "kv8"):
+    for sub in WIDTHS:
         check_launch(entry[sub], f"{where} ({sub})", rocm)
     return entry
 

@@ -29,6 +29,13 @@ divides it at the end (decode_attention.py's docstring has the ranges). Each 8-b
 query tile (BLOCK_M rows share it); long chunks read a 16-bit mirror instead (below). K is contiguous in
 head_dim; int8 caches hold V by dim (tokens contiguous, docs/kv-cache-layout.md), so the direct path and the mirror
 kernel read V through its head_dim stride (1 by token, for which Triton specializes: those compile as before).
+On an int8 cache with V by dim, query tiles of up to 32 rows on the direct path (the launch table's kv8_short, for
+the decode rows and short chunks beside the mirror) take the decode kernel's int8 products instead (INT8_PV; pages
+of at least BLOCK_N tokens): q as a per-row int8 pair with K's raw codes, P' as an int8 pair with V's raw codes,
+both in int32, no conversion of K or V; keys in windows of BLOCK_N contiguous slots of one page (the decode
+kernel's page loop), so V's tiles are runs of tokens. H200, a decode row after 16K-32K of history at 16 x 64:
+1.07-1.08x bf16's time, against 2.37-2.41x before V by dim and 3.8-3.9x converting V by dim to fp16
+(bench/results/2026-12-03-h200-int8-v-by-dim-engine-prefill-writer.md).
 
 Grid: ``(num_tokens // BLOCK_Q + num_seqs, kv_heads)``; a program finds its sequence by binary search over
 ``cu_seqlens_q`` (no host sync, so the launch needs only host-known sizes). Programs past the last tile
@@ -40,11 +47,14 @@ import triton.language as tl
 
 from ..decode_attention.decode_attention import (
     _KV8_OUT_FACTOR,
+    _KV8_PV_OUT_FACTOR,
     _L_SHIFT,
     _code_unit,
     _codes_to_f16,
     _kv_rows,
+    _p_int8_pair,
     _q_for_codes,
+    _q_int8_pair,
     _use_ptx,
     _v_scale_log2,
 )
@@ -145,6 +155,50 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
+@triton.jit
+def _attend_window_int8_pv(
+    q, q_lo, m_i, l_i, acc, q_pos, k_ptr, v_ptr, ks_ptr, vs_ptr, phys, slots, key_ok, kv_head, s_mult,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+    first, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PTX: tl.constexpr,
+):  # fmt: skip
+    """INT8_PV (an int8 cache holding V by dim, the direct path): one window of BLOCK_N contiguous slots of one page
+    (phys) for all rows, keys at positions first + slots; key_ok drops the window's slots another window covers.
+    The decode kernel's int8 products, each pair summed in int32: S from q's int8 pair (q, q_lo; s_mult its per-row
+    factor) and K's raw codes (256 hi + lo: |sum| <= 127 x 127 x 257 x head_dim, < 2^31 for head_dim <= 512), and
+    P' as an int8 pair with V's raw codes (254 hi + lo: < 2^31 for BLOCK_N <= 512), so neither tile is converted and
+    V's goes to the matrix unit tokens contiguous (the reduction axis). Scores, V factor and l as _attend_tile's
+    8-bit branch; acc is in units of 127 P' x code (_KV8_PV_OUT_FACTOR)."""
+    if HEAD_DIM == BLOCK_D:
+        d_mask = None
+        d_other = None
+    else:
+        d_mask = offs_d[:, None] < HEAD_DIM
+        d_other = 0
+    k = tl.load(k_ptr + (phys * stride_kb + slots * stride_kt + kv_head * stride_kh)[None, :] + offs_d[:, None],
+                mask=d_mask, other=d_other)
+    k8 = k.to(tl.int8, bitcast=True)
+    k_scale = tl.load(ks_ptr + phys * stride_ksb + slots * stride_kst + kv_head * stride_ksh)
+    s = tl.dot(q_lo, k8, tl.dot(q, k8, out_dtype=tl.int32) * 256, out_dtype=tl.int32).to(tl.float32)
+    s = s * s_mult[:, None] * k_scale[None, :]
+    s = tl.minimum(tl.maximum(s, -3.0e38), 3.0e38)
+    k_pos = first + slots
+    s = tl.where(key_ok[None, :] & (k_pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+    v_scale = tl.load(vs_ptr + phys * stride_vsb + slots * stride_vst + kv_head * stride_vsh)
+    t = s + _v_scale_log2(v_scale, 2)[None, :]
+    m_new = tl.maximum(m_i, tl.max(t, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(tl.exp2(s - m_new[:, None] + _L_SHIFT), axis=1)
+    d_mask_v = None if HEAD_DIM == BLOCK_D else offs_d[None, :] < HEAD_DIM
+    v = tl.load(v_ptr + (phys * stride_vb + slots * stride_vt + kv_head * stride_vh)[:, None]
+                + offs_d[None, :] * stride_vd, mask=d_mask_v, other=d_other)
+    v8 = v.to(tl.int8, bitcast=True)
+    p_hi, p_lo = _p_int8_pair(tl.exp2(t - m_new[:, None]))
+    pv = tl.dot(p_lo, v8, tl.dot(p_hi, v8, out_dtype=tl.int32) * 254, out_dtype=tl.int32)
+    acc = acc * alpha[:, None] + pv.to(tl.float32) * (1.0 / 254.0)
+    return m_new, l_i, acc
+
+
 # Sizes that change from launch to launch are not specialized on: one compiled kernel per cache layout and
 # dtype serves every batch, so warmup() at startup compiles everything a request can meet.
 @triton.jit(do_not_specialize=["num_seqs", "total_q_blocks", "block_size", "stride_btb"])
@@ -158,7 +212,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr, SEQ_FILTER: tl.constexpr,
-    MIRROR: tl.constexpr,
+    MIRROR: tl.constexpr, INT8_PV: tl.constexpr = False,
 ):  # fmt: skip
     q_block = total_q_blocks - 1 - tl.program_id(0)  # heaviest tiles first
     kv_head = tl.program_id(1)
@@ -188,7 +242,11 @@ def _prefill_kernel(
     else:
         qo_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + q_offs, mask=qo_mask, other=0.0)
-    if KV_QUANT != 0 and not MIRROR:  # the direct path: q rescaled into fp16 for the fp16 codes
+    q_lo = q
+    if INT8_PV:  # int8 x int8 products with K's raw codes: q as a per-row int8 pair (the decode kernel's int8_qk)
+        q, q_lo, sq = _q_int8_pair(q)
+        s_mult = sq * (s_mult_base * 0.00390625)
+    elif KV_QUANT != 0 and not MIRROR:  # the direct path: q rescaled into fp16 for the fp16 codes
         q, s_factor = _q_for_codes(q, KV_QUANT)
         s_mult = s_mult_base * s_factor
     elif KV_QUANT != 0:  # the mirror's K codes are in q's dtype: q goes to the matrix unit as loaded
@@ -203,29 +261,49 @@ def _prefill_kernel(
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_btb
     last = seq_len - 1
     last_page = last // block_size
-    # stage 1: keys every row sees (before the tile's first query token), full tiles, no masks
-    n_full = (context_len + t0) // BLOCK_N
-    for tile in range(0, n_full):
-        m_i, l_i, acc = _attend_tile(
-            tile, q, m_i, l_i, acc, q_pos,
-            k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
-            stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
-            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, False, KV_QUANT, FP8_SOFTWARE, PTX, MIRROR,
-        )  # fmt: skip
-    # stage 2: the causal diagonal, up to the tile's last query token
-    t_last = tl.minimum(t0 + BLOCK_Q, q_len) - 1
-    n_all = tl.cdiv(context_len + t_last + 1, BLOCK_N)
-    for tile in range(n_full, n_all):
-        m_i, l_i, acc = _attend_tile(
-            tile, q, m_i, l_i, acc, q_pos,
-            k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
-            stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
-            offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, True, KV_QUANT, FP8_SOFTWARE, PTX, MIRROR,
-        )  # fmt: skip
-
-    if KV_QUANT != 0 and not MIRROR:
+    if INT8_PV:
+        # windows of BLOCK_N contiguous slots of one page (the decode kernel's page loop): a page's last window
+        # starts at block_size - BLOCK_N and keeps only the slots the others did not cover, so V's tiles are
+        # contiguous runs of tokens (block_size, a multiple of 16, need not be one of BLOCK_N); every window masks
+        # causally (keys past the sequence's end are past every row's position)
+        n_keys = context_len + tl.minimum(t0 + BLOCK_Q, q_len)
+        for page in range(0, tl.cdiv(n_keys, block_size)):
+            phys = tl.load(bt_row + page).to(tl.int64)
+            first = page * block_size
+            for j in range(0, tl.minimum(tl.cdiv(block_size, BLOCK_N), tl.cdiv(n_keys - first, BLOCK_N))):
+                start = j * BLOCK_N
+                slots = tl.minimum(start, block_size - BLOCK_N) + offs_n
+                m_i, l_i, acc = _attend_window_int8_pv(
+                    q, q_lo, m_i, l_i, acc, q_pos, k_ptr, v_ptr, ks_ptr, vs_ptr, phys, slots, slots >= start, kv_head,
+                    s_mult, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
+                    stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+                    first, offs_d, HEAD_DIM, BLOCK_D, PTX,
+                )  # fmt: skip
+    else:
+        # stage 1: keys every row sees (before the tile's first query token), full tiles, no masks
+        n_full = (context_len + t0) // BLOCK_N
+        for tile in range(0, n_full):
+            m_i, l_i, acc = _attend_tile(
+                tile, q, m_i, l_i, acc, q_pos,
+                k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
+                stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+                offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, False, KV_QUANT, FP8_SOFTWARE, PTX, MIRROR,
+            )  # fmt: skip
+        # stage 2: the causal diagonal, up to the tile's last query token
+        t_last = tl.minimum(t0 + BLOCK_Q, q_len) - 1
+        n_all = tl.cdiv(context_len + t_last + 1, BLOCK_N)
+        for tile in range(n_full, n_all):
+            m_i, l_i, acc = _attend_tile(
+                tile, q, m_i, l_i, acc, q_pos,
+                k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, kv_head, last, last_page, block_size, s_mult,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd,
+                stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+                offs_n, offs_d, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_GE_TILE, True, KV_QUANT, FP8_SOFTWARE, PTX, MIRROR,
+            )  # fmt: skip
+    if INT8_PV:
+        o = acc / l_i[:, None] * _KV8_PV_OUT_FACTOR  # acc in units of 127 P' x int8 code (one factor: see decode)
+    elif KV_QUANT != 0 and not MIRROR:
         o = acc / l_i[:, None] * _KV8_OUT_FACTOR  # acc: values x 2^-8 (_v_scale_log2), l: sum x 2^32
     else:
         o = acc
@@ -407,6 +485,12 @@ def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens
     launch = dict(launch)
     block_m = max(launch.pop("BLOCK_M"), triton.next_power_of_2(group))
     block_n = launch.pop("BLOCK_N")
+    # int8 V by dim on the direct path: int8 products (_attend_window_int8_pv) over page windows of BLOCK_N slots,
+    # for query tiles of up to 32 rows (the fp32 accumulator and the int32 product tile side by side: at 64-128
+    # rows they spill 400-1100 B on sm90, and 128 x 32 took 4.9x bf16's time against 3.5x converting V to fp16);
+    # its int32 sums hold head_dim and BLOCK_N up to 512
+    int8_pv = (kv_quant == "int8" and not mirror and v_cache.stride(1) == 1 and block_size >= block_n
+               and block_m <= 32 and d <= 512 and block_n <= 512)
     block_q = block_m // group
     total_q_blocks = num_tokens // block_q + num_seqs
     if kv_quant is None:
@@ -424,7 +508,8 @@ def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens
         GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
         KV_QUANT=_KV_QUANT[kv_quant], FP8_SOFTWARE=bool(software_fp8),
-        PTX=kv_quant is not None and _use_ptx(q.device), SEQ_FILTER=seq_filter, MIRROR=mirror, **launch,
+        PTX=kv_quant is not None and _use_ptx(q.device), SEQ_FILTER=seq_filter, MIRROR=mirror, INT8_PV=int8_pv,
+        **launch,
     )  # fmt: skip
 
 
@@ -444,8 +529,8 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
     max_seqlen_k: a host int >= every seq_len; with 8-bit caches it enables the 16-bit mirror
     for chunks of MIRROR_MIN_QUERY tokens or more (see above; ``mirror``: its size in tokens, None: from
     VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS, 0: off). params / mirror_params: the Triton launch for the cache's
-    width / for the mirror (dicts like launch_params' kv8 / kv16 entries; None: the current target's; the
-    mirror's BLOCK_N must divide MIRROR_PAGE).
+    width / for the mirror (dicts like launch_params' entries; None: the current target's kv16 or kv8, and
+    kv8_short for the direct launch beside the mirror; the mirror's BLOCK_N must divide MIRROR_PAGE).
     """
     _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, k_scales, v_scales, kv_quant)
     num_tokens, hq, d = q.shape
@@ -456,13 +541,14 @@ def prefill_attention(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_ta
     entry = None
     if params is None or mirror_params is None:
         entry = launch_params.get_params(launch_params.current_target(q.device))
-    params = params if params is not None else entry["kv8" if kv_quant else "kv16"]
     if software_fp8 is None:
         software_fp8 = kv_quant == "fp8" and use_software_fp8()
     tokens = mirror_tokens() if mirror is None else int(mirror)
     # with 8-bit caches the mirror flow runs for every batch it can serve (a batch without long chunks marks no
     # sequence and its mirror launches return at once), so the same kernels run whatever the batch holds
     use_mirror = kv_quant is not None and max_seqlen_k is not None and tokens >= MIRROR_PAGE
+    if params is None:  # beside the mirror the direct launch's rows are short: kv8_short
+        params = entry["kv8_short" if use_mirror else "kv8" if kv_quant else "kv16"]
     if not use_mirror:
         _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
                 software_fp8, params)

@@ -111,17 +111,22 @@ def test_several_prefills_and_decodes_in_one_batch(kv_quant, mirror):
 @pytest.mark.parametrize("mirror", [None, 0], ids=["mirror", "direct"])
 @pytest.mark.parametrize("kv_quant,software", [("int8", False), ("fp8", False), ("fp8", True)])
 def test_8bit_v_by_token_and_by_dim_give_identical_outputs(kv_quant, software, mirror):
-    # int8 caches hold V by dim (tokens contiguous; kv_quant.layout.V_BY_DIM), fp8 caches by token: the direct path
-    # and the mirror kernel read V through its head_dim stride, so the same codes stored the other way give the same
-    # output. The 512-token chunk takes the mirror (when on), the short chunk and the decode row the direct path
+    # int8 caches hold V by dim (tokens contiguous; kv_quant.layout.V_BY_DIM), fp8 caches by token: the mirror kernel
+    # and the direct path read V through its head_dim stride, so the same codes stored the other way give the same
+    # output, except int8 V by dim on the direct path (int8 x int8 P x V, rounded differently; both within the
+    # reference's bounds). The 512-token chunk takes the mirror (when on), the short chunk and the decode row the
+    # direct path
     case = make_case([(512, 1600), (30, 9), (1, 40)], kv_quant=kv_quant, seed=7)
     native = case["v"]
     assert (native.stride(1) == 1) == (kv_quant in V_BY_DIM)
     other = native.contiguous() if kv_quant in V_BY_DIM else v_by_dim(native)
     assert torch.equal(other, native) and other.stride() != native.stride()
     out = run(case, software_fp8=software, mirror=mirror)
-    assert torch.equal(run(dict(case, v=other), software_fp8=software, mirror=mirror), out)
+    out_other = run(dict(case, v=other), software_fp8=software, mirror=mirror)
+    same = slice(0, 512 if mirror is None else 0) if kv_quant in V_BY_DIM else slice(None)
+    assert torch.equal(out_other[same], out[same])
     check(out, case)
+    check(out_other, case)
 
 
 def test_page_size_16():
