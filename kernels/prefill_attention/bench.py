@@ -16,10 +16,11 @@ with upstream tiles (BLOCK_M 16, what 0.18.1 runs) and once with VLLM_DCU_PREFIL
 
 First a sweep of launch parameters at the two longest histories picks one configuration per KV width (unless
 --quick: the table's, or VLLM_DCU_PREFILL_PARAMS); the script prints the launch_params entry to paste.
-The 8-bit kinds int8, fp8_hw and fp8_sw read the 16-bit mirror (a 4096-token chunk is long enough) unless the
-sequence does not fit it (32K history + 4K chunk over the default 32768-token mirror: the direct path), the
-``_direct`` kinds always read the 8-bit cache; a last table gives every row's time as a multiple of bf16's per
-history. Each output is checked against unified attention's (relative error printed). Writes
+The 8-bit kinds int8, fp8_hw and fp8_sw run the engine's flow: the 16-bit mirror for chunks of 64+ tokens, and the
+direct launch with the table's kv8_short tile for shorter chunks (``--chunk 1``: a decode row) and for a sequence
+that does not fit the mirror (32K history + 4K chunk over the default 32768-token mirror); the ``_direct`` kinds
+always read the 8-bit cache, with the kv8 tile (the mirror turned off); a last table gives every row's time as a
+multiple of bf16's per history. Each output is checked against unified attention's (relative error printed). Writes
 ``<date>-<gpu>-prefill-attention.{json,md}`` into --out (default $OUT or bench/results/); the table comes last.
 ``TRITON_INTERPRET=1 ... --dry-run`` runs the whole flow on the CPU at toy shapes (Triton interpreter) to check
 the script itself; its numbers mean nothing.
@@ -261,6 +262,9 @@ def main(argv=None):
         best = {"kv16": dict(entry["kv16"]), "kv8": dict(entry["kv8"])}
     else:
         best = sweep(histories[-2:], a.chunk, log)
+    # the direct launch beside the mirror (decode rows, short chunks, a sequence the mirror cannot hold) takes the
+    # table's kv8_short, as in the engine; the sweep is over long chunks and does not choose it
+    best["kv8_short"] = dict(launch_params.get_params(target)["kv8_short"])
     log(f"chosen: {best}")
 
     rows = []
@@ -269,7 +273,7 @@ def main(argv=None):
             if name not in kvs or (DEV == "cpu" and name == "fp8_hw"):
                 continue
             case = make_case(h, a.chunk, kind, software)
-            params = best["kv16" if kind is None else "kv8"]
+            params = best["kv16" if kind is None else "kv8" if mirror == 0 else "kv8_short"]
             ms = time_ms(run_ours(case, params, best["kv16"], mirror))
             ours = case["out"].clone()
             row = dict(history=h, chunk=a.chunk, kv=name, ours_ms=ms, launch=params, flops=flops(h, a.chunk))
