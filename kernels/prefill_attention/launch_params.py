@@ -36,6 +36,8 @@ _POW2 = {"BLOCK_M": (16, 256), "BLOCK_N": (16, 256), "num_warps": (1, 16)}
 # bench.py before trusting any of it. 2026-12-02 (sixth session, log2 V factor, 16-bit mirror): 64x16 bf16 252,
 # the mirror 256, the direct 8-bit path 292 VGPRs, no spills, 32 KiB LDS. kv8_short keeps kv8's tile until a DCU
 # measures the short rows (the H200 took a 16-row tile; int8 products need <= 32 rows, prefill_attention.py).
+# Candidates compiled for gfx90a (2026-12-03; int8 with the int8 products / software fp8): 16x64, 4 warps, 1 stage
+# 323 / 342 VGPRs, 16 KiB LDS; 16x32 236 / 228, 8 KiB; 32x32 256 / 256, 8-16 KiB; no spills.
 _DCU = {
     "measured": False,
     "kv16": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
