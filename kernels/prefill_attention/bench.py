@@ -16,11 +16,11 @@ with upstream tiles (BLOCK_M 16, what 0.18.1 runs) and once with VLLM_DCU_PREFIL
 
 First a sweep of launch parameters at the two longest histories picks one configuration per KV width (unless
 --quick: the table's, or VLLM_DCU_PREFILL_PARAMS); the script prints the launch_params entry to paste.
-The 8-bit kinds int8, fp8_hw and fp8_sw run the engine's flow: the 16-bit mirror for chunks of 64+ tokens, and the
-direct launch with the table's kv8_short tile for shorter chunks (``--chunk 1``: a decode row) and for a sequence
-that does not fit the mirror (32K history + 4K chunk over the default 32768-token mirror); the ``_direct`` kinds
-always read the 8-bit cache, with the kv8 tile (the mirror turned off); a last table gives every row's time as a
-multiple of bf16's per history. Each output is checked against unified attention's (relative error printed). Writes
+The 8-bit kinds int8, fp8_hw and fp8_sw run the engine's flow: chunks of 64+ tokens read the 16-bit mirror, sized
+as the engine sizes it (one sequence of the row's history + chunk, at least 32768 tokens; when set,
+VLLM_DCU_PREFILL_KV8_MIRROR_TOKENS rules, as in the engine), shorter ones (``--chunk 1``: a decode row) the 8-bit
+cache in the direct launch with the table's kv8_short tile; the ``_direct`` kinds always read the 8-bit cache, with
+the kv8 tile (the mirror turned off); a last table gives every row's time as a multiple of bf16's per history. Each output is checked against unified attention's (relative error printed). Writes
 ``<date>-<gpu>-prefill-attention.{json,md}`` into --out (default $OUT or bench/results/); the table comes last.
 ``TRITON_INTERPRET=1 ... --dry-run`` runs the whole flow on the CPU at toy shapes (Triton interpreter) to check
 the script itself; its numbers mean nothing.
@@ -40,7 +40,7 @@ from ..kv_quant.cache_write import reshape_and_cache_per_token_head
 from ..kv_quant.layout import kv_cache_shape, split_kv_cache
 from ..results_io import write_result_pair
 from . import launch_params
-from .prefill_attention import prefill_attention
+from .prefill_attention import MIRROR_DEFAULT_TOKENS, MIRROR_ENV, MIRROR_PAGE, prefill_attention
 
 HQ, HKV, D = 24, 4, 256
 BLOCK = {"bf16": 784, "int8": 1552, "fp8": 1552}
@@ -274,6 +274,9 @@ def main(argv=None):
                 continue
             case = make_case(h, a.chunk, kind, software)
             params = best["kv16" if kind is None else "kv8" if mirror == 0 else "kv8_short"]
+            if kind is not None and mirror is None and not os.environ.get(MIRROR_ENV, "").strip():
+                # the engine's size (dcu/prefill_attention.engine_mirror_tokens); the variable, when set, rules
+                mirror = max(MIRROR_DEFAULT_TOKENS, -(-(h + a.chunk) // MIRROR_PAGE) * MIRROR_PAGE)
             ms = time_ms(run_ours(case, params, best["kv16"], mirror))
             ours = case["out"].clone()
             row = dict(history=h, chunk=a.chunk, kv=name, ours_ms=ms, launch=params, flops=flops(h, a.chunk))
