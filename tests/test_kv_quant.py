@@ -228,14 +228,16 @@ def _tile_edge_slots(bt: int, nb: int, bs: int, g) -> torch.Tensor:
     from a page start, a consecutive run from mid-page into the next page, scattered slots over the pages, and a
     mixed tail; padding (-1) in the middle of each tile."""
     runs = [torch.arange(3 * bs, 3 * bs + bt), torch.arange(7 * bs - 5, 7 * bs - 5 + bt)]
-    used = set(torch.cat(runs).tolist())
+    tail_run = torch.arange(9 * bs, 9 * bs + 2)
+    used = set(torch.cat([*runs, tail_run]).tolist())  # every slot distinct: no token overwrites another
     free = torch.tensor([s for s in torch.randperm(nb * bs, generator=g).tolist() if s not in used])
     scattered, tail_scattered = free[:bt], free[bt : bt + 3]
-    tail = torch.cat([torch.arange(9 * bs, 9 * bs + 2), tail_scattered])
+    tail = torch.cat([tail_run, tail_scattered])
     slots = torch.cat([*runs, scattered, tail])
     for pos in (5, 6, bt + bt // 2, 2 * bt + bt // 2 - 1, 3 * bt + 3):  # -1 inside every tile, two in a row
         slots[pos] = -1
-    assert slots.shape[0] == 3 * bt + 5
+    real = slots[slots >= 0].tolist()
+    assert slots.shape[0] == 3 * bt + 5 and len(set(real)) == len(real)
     return slots
 
 
