@@ -10,8 +10,9 @@ Two kernels. V by token (fp8 caches): one program per token x ``BLOCK_H`` heads;
 so the per-token kernel stores them one byte per line (H200: 6.3x the by-token time for a 4096-token chunk); from
 ``tiled_min_tokens`` tokens (a prefill chunk) one program takes ``BLOCK_T`` tokens x one kv head and stores V's codes
 as a ``[D, BLOCK_T]`` tile, tokens fastest, so neighbouring lanes write neighbouring tokens' bytes of one dim (a whole
-sector per warp where the chunk's slots are consecutive: 1.25x the by-token time). Smaller batches (decode steps,
-whose slots are scattered anyway) keep the per-token kernel, where the tile's few long programs cost more.
+sector per warp where the chunk's slots are consecutive: 1.24x the by-token time for 4096 tokens). Smaller batches
+(decode steps, whose slots are scattered anyway) keep the per-token kernel, where the tile's few long programs cost
+more.
 """
 import torch
 import triton
