@@ -259,22 +259,30 @@ def reshape_and_cache_per_token_head(
     tiled = num_tokens >= launch["tiled_min_tokens"]
     (_launch_tiled if tiled else _launch_per_token)(views, slot_mapping, num_tokens, launch, common)
     # V by dim takes either kernel by the batch's size: the first write through these views (the engine's warm-up)
-    # also launches the other one on one padding slot (writes nothing), so both are compiled before serving
+    # also compiles the other one with the same arguments, without launching it (Triton's warmup), so both are
+    # compiled before serving and nothing extra is launched, nor recorded if that first write is in a CUDA graph
     sig = (key.device, key.dtype, value.dtype, *(t.stride() for t in views), num_heads, head_size,
            k_codes.shape[1], tuple(common.items()))
     if sig not in _WARMED:
         _WARMED.add(sig)
-        pad = torch.full((1,), -1, dtype=slot_mapping.dtype, device=slot_mapping.device)
-        (_launch_per_token if tiled else _launch_tiled)(views, pad, 1, launch, common)
+        other = _launch_per_token if tiled else _launch_tiled
+        other(views, slot_mapping, num_tokens, launch, common, compile_only=True)
 
 
 _WARMED: set = set()
 
 
-def _launch_tiled(views, slot_mapping, num_tokens, launch, common):
+def _kernel_call(kernel, grid, compile_only):
+    """``kernel[grid]``, or Triton's compile-only warmup with the same arguments."""
+    if compile_only:
+        return lambda *args, **kwargs: kernel.warmup(*args, grid=grid, **kwargs)
+    return kernel[grid]
+
+
+def _launch_tiled(views, slot_mapping, num_tokens, launch, common, compile_only=False):
     key, value, k_codes, v_codes, k_scales, v_scales = views
     block_t = launch["tile_tokens"]
-    _reshape_and_cache_tiled_kernel[(triton.cdiv(num_tokens, block_t), key.shape[1])](
+    _kernel_call(_reshape_and_cache_tiled_kernel, (triton.cdiv(num_tokens, block_t), key.shape[1]), compile_only)(
         key,
         value,
         k_codes,
@@ -302,11 +310,11 @@ def _launch_tiled(views, slot_mapping, num_tokens, launch, common):
     )
 
 
-def _launch_per_token(views, slot_mapping, num_tokens, launch, common):
+def _launch_per_token(views, slot_mapping, num_tokens, launch, common, compile_only=False):
     key, value, k_codes, v_codes, k_scales, v_scales = views
     num_heads = key.shape[1]
     block_h = min(triton.next_power_of_2(num_heads), max(1, launch["elems_per_program"] // common["BLOCK_D"]))
-    _reshape_and_cache_pth_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
+    _kernel_call(_reshape_and_cache_pth_kernel, (num_tokens, triton.cdiv(num_heads, block_h)), compile_only)(
         key,
         value,
         k_codes,
