@@ -22,7 +22,7 @@ import triton
 
 from ..compile_tools import amdgcn_usage, gpu_target, jit_signature, ptxas_usage
 from . import launch_params
-from .prefill_attention import MIRROR_PAGE, _prefill_kernel
+from .prefill_attention import MIRROR_PAGE, _prefill_kernel, takes_int8_products
 
 _PTR = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "ks": "*fp32", "vs": "*fp32", "out": "*bf16", "cu_q": "*i32",
         "seq_lens": "*i32", "block_table": "*i32", "sel": "*i32"}
@@ -74,8 +74,8 @@ def compile_one(target: str, cfg: dict, variant: str, group=6, head_dim=256, blo
                   BLOCK_Q=block_m // group, BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
                   KV_QUANT=kv_quant, FP8_SOFTWARE=kv_quant == 1 and not cuda, PTX=kv_quant != 0 and cuda,
                   SEQ_FILTER=1 if mirror else 0, MIRROR=mirror,
-                  INT8_PV=kv_quant == 2 and not mirror and v_by_dim and block_size >= block_n and block_m <= 32,
-                  **unit_strides)
+                  INT8_PV=takes_int8_products(kv_quant == 2 and v_by_dim, mirror, block_size, block_m, block_n,
+                                              head_dim), **unit_strides)
     gt = gpu_target(target)
     k = triton.compile(triton.compiler.ASTSource(fn=_prefill_kernel, signature=sig, constexprs=consts, attrs=attrs),
                        target=gt, options=cfg)

@@ -476,6 +476,16 @@ def _check_inputs(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table,
     check_one_device(_fail, q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table)
 
 
+def takes_int8_products(int8_v_by_dim, mirror, block_size, block_m, block_n, head_dim) -> bool:
+    """Whether a launch runs INT8_PV (_attend_window_int8_pv): an int8 cache holding V by dim, read directly (not
+    the mirror), in page windows of BLOCK_N slots (pages of at least BLOCK_N tokens), for query tiles of up to 32
+    rows (the fp32 accumulator and the int32 product tile side by side: at 64-128 rows they spill 400-1100 B on
+    sm90, and 128 x 32 took 4.9x bf16's time against 3.5x converting V to fp16); its int32 sums hold head_dim and
+    BLOCK_N up to 512."""
+    return (int8_v_by_dim and not mirror and block_size >= block_n and block_m <= 32 and head_dim <= 512
+            and block_n <= 512)
+
+
 def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
             software_fp8, launch, sel=None, seq_filter=0, mirror=False):
     num_tokens, hq, d = q.shape
@@ -485,12 +495,8 @@ def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens
     launch = dict(launch)
     block_m = max(launch.pop("BLOCK_M"), triton.next_power_of_2(group))
     block_n = launch.pop("BLOCK_N")
-    # int8 V by dim on the direct path: int8 products (_attend_window_int8_pv) over page windows of BLOCK_N slots,
-    # for query tiles of up to 32 rows (the fp32 accumulator and the int32 product tile side by side: at 64-128
-    # rows they spill 400-1100 B on sm90, and 128 x 32 took 4.9x bf16's time against 3.5x converting V to fp16);
-    # its int32 sums hold head_dim and BLOCK_N up to 512
-    int8_pv = (kv_quant == "int8" and not mirror and v_cache.stride(1) == 1 and block_size >= block_n
-               and block_m <= 32 and d <= 512 and block_n <= 512)
+    int8_pv = takes_int8_products(kv_quant == "int8" and v_cache.stride(1) == 1, mirror, block_size, block_m,
+                                  block_n, d)
     block_q = block_m // group
     total_q_blocks = num_tokens // block_q + num_seqs
     if kv_quant is None:
