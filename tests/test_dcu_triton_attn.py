@@ -142,6 +142,74 @@ def test_decode_only_batch_runs_the_split_kv_kernel(backend_mod, monkeypatch):
     assert out[3].isnan().all()  # rows past the batch are left alone
 
 
+def test_builder_splits_the_leading_decode_rows_off_a_mixed_batch(backend_mod, monkeypatch):
+    builder = make_builder(backend_mod, max_num_seqs=8)
+    cm = common_metadata([1, 1, 5, 1, 3], [40, 3, 17, 9, 30])
+    meta = builder.build(0, cm)
+    assert not meta.decode_only and meta.num_mixed_decodes == 2
+    rest = meta.mixed_rest
+    assert rest.num_actual_tokens == 9 and rest.max_query_len == 5
+    assert rest.query_start_loc.tolist() == [0, 5, 6, 9]
+    assert rest.seq_lens.tolist() == [17, 9, 30]
+    assert torch.equal(rest.block_table, cm.block_table_tensor[2:])
+    assert torch.equal(rest.slot_mapping, cm.slot_mapping[2:])
+    # new tensors, not views 2 rows in (Triton would specialize on the unaligned pointers)
+    for t in (rest.seq_lens, rest.block_table):
+        assert t.storage_offset() == 0 and t.is_contiguous()
+    assert rest.block_table.data_ptr() != cm.block_table_tensor.data_ptr()
+    # nothing to split: a prefill first, a prefill-only batch, decode-only batches
+    for qlens in ([5, 1, 1], [4, 6], [1, 1, 1]):
+        other = builder.build(0, common_metadata(qlens, [40, 30, 20][: len(qlens)]))
+        assert other.num_mixed_decodes == 0 and other.mixed_rest is None
+    # off by env (read when the builder is made)
+    monkeypatch.setenv("VLLM_DCU_MIXED_DECODE_ROWS", "0")
+    off = make_builder(backend_mod, max_num_seqs=8).build(0, cm)
+    assert off.num_mixed_decodes == 0 and off.mixed_rest is None
+
+
+def test_bad_mixed_decode_rows_value_fails_when_the_builder_is_made(backend_mod, monkeypatch):
+    monkeypatch.setenv("VLLM_DCU_MIXED_DECODE_ROWS", "yes")
+    with pytest.raises(ValueError, match="VLLM_DCU_MIXED_DECODE_ROWS='yes': supported values are 1"):
+        make_builder(backend_mod)
+
+
+def test_leading_decode_rows_counts_only_the_first_run_of_one_token_requests(backend_mod):
+    f = backend_mod.leading_decode_rows
+    qsl = lambda lens: torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)  # noqa: E731
+    assert f(qsl([1, 1, 7, 1]), 4) == 2
+    assert f(qsl([7, 1, 1]), 3) == 0
+    assert f(qsl([1, 1, 1]), 3) == 3
+    assert f(torch.tensor([0, 1, 2, 9, 9, 9], dtype=torch.int32), 3) == 2  # entries past num_reqs ignored
+
+
+def test_mixed_batch_decode_rows_take_the_split_kv_kernel_and_the_rest_goes_to_triton_attn(backend_mod,
+                                                                                         monkeypatch):
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    calls = []
+
+    def fake_forward(self, layer, query, key, value, kv_cache, meta, output=None, *a, **k):
+        calls.append((query, meta, output))
+        output.fill_(7.0)  # stands for the prefill rows' attention
+        return output
+
+    monkeypatch.setattr(TritonAttentionImpl, "forward", fake_forward)
+    lens, qlens = [40, 3, 17, 25], [1, 1, 4, 2]
+    g = torch.Generator().manual_seed(1)
+    kv_cache = torch.randn(40, 2, BS, HKV, D, generator=g).to(torch.bfloat16)
+    meta = make_builder(backend_mod).build(0, common_metadata(qlens, lens, max_blocks=8))
+    q = torch.randn(8, HQ, D, generator=g).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    assert make_impl(backend_mod).forward(None, q, None, None, kv_cache, meta, output=out) is out
+    k, v = kv_cache.unbind(1)
+    want = paged_decode_reference(q[:2], k, v, meta.block_table[:2], meta.seq_lens[:2], D**-0.5)
+    assert (out[:2].double() - want).abs().max() < 4e-2
+    assert (out[2:] == 7.0).all()
+    (rq, rmeta, rout), = calls
+    assert rmeta is meta.mixed_rest and rq.data_ptr() == q[2:].data_ptr() and rout.data_ptr() == out[2:].data_ptr()
+    assert rq.shape[0] == 6 and rout.shape[0] == 6
+
+
 @pytest.mark.parametrize("case", ["mixed batch", "sliding window", "sinks", "soft cap", "per-tensor fp8",
                                   "profiling run", "fp32 query"])
 def test_everything_else_goes_to_triton_attn_forward(backend_mod, monkeypatch, case):
@@ -152,10 +220,46 @@ def test_everything_else_goes_to_triton_attn_forward(backend_mod, monkeypatch, c
     impl_kw = {"sliding window": dict(sliding_window=64), "sinks": dict(sinks=torch.zeros(HQ)),
                "soft cap": dict(logits_soft_cap=30.0), "per-tensor fp8": dict(kv_cache_dtype="fp8")}.get(case, {})
     builder = make_builder(backend_mod)
-    meta = builder.build(0, common_metadata([1, 4] if case == "mixed batch" else [1, 1], [20, 30]))
+    # a mixed batch that does not start with a decode row (its decode rows are not split off)
+    meta = builder.build(0, common_metadata([4, 1] if case == "mixed batch" else [1, 1], [20, 30]))
     if case == "profiling run":
         meta = None
     q = torch.zeros(5, HQ, D, dtype=torch.float32 if case == "fp32 query" else torch.bfloat16)
     kv_cache = torch.zeros(16, 2, BS, HKV, D, dtype=torch.bfloat16)
     assert make_impl(backend_mod, **impl_kw).forward(None, q, None, None, kv_cache, meta, output=q) == "unified"
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "int8_per_token_head"])
+def test_mixed_batch_split_matches_the_whole_batch_through_triton_attn(backend_mod, monkeypatch, cache_dtype):
+    """The real thing on both sides (Triton interpreter): decode rows on the split-KV kernel and the rest through
+    TRITON_ATTN's forward (patch 0006's prefill kernel), against the whole mixed batch through that forward."""
+    from vllm.dcu_kernels.kv_quant import layout
+
+    lens, qlens = [40, 23, 30, 18], [1, 1, 5, 3]  # two decode rows, a chunk after 25 tokens, one after 15
+    g = torch.Generator().manual_seed(2)
+    num_blocks = 24
+    if cache_dtype == "auto":
+        kv_cache = torch.randn(num_blocks, 2, BS, HKV, D, generator=g).to(torch.bfloat16)
+    else:
+        kv_cache = torch.randint(0, 256, layout.kv_cache_shape(num_blocks, BS, HKV, D), generator=g,
+                                 dtype=torch.uint8)
+        k, v, ks, vs = layout.split_kv_cache(kv_cache, D, "int8")
+        k[k == 128] = 0  # int8 codes stay in [-127, 127]
+        v[v == 128] = 0
+        ks.copy_(torch.rand(ks.shape, generator=g) * 0.02 + 0.005)
+        vs.copy_(torch.rand(vs.shape, generator=g) * 0.02 + 0.005)
+    q = torch.randn(sum(qlens), HQ, D, generator=g).to(torch.bfloat16)
+    layer = types.SimpleNamespace(_k_scale=torch.ones(1), _v_scale=torch.ones(1), _q_scale_float=1.0)
+    outs = {}
+    for split in ("1", "0"):
+        monkeypatch.setenv("VLLM_DCU_MIXED_DECODE_ROWS", split)
+        builder = make_builder(backend_mod, cache_dtype=cache_dtype)
+        meta = builder.build(0, common_metadata(qlens, lens, max_blocks=4))
+        assert meta.num_mixed_decodes == (2 if split == "1" else 0)
+        out = torch.full_like(q, float("nan"))
+        make_impl(backend_mod, kv_cache_dtype=cache_dtype).forward(layer, q, None, None, kv_cache, meta, output=out)
+        outs[split] = out.float()
+    assert outs["1"].isfinite().all()
+    err = (outs["1"] - outs["0"]).abs().max() / outs["0"].abs().max()
+    assert err < 2e-2, err
