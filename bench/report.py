@@ -278,6 +278,8 @@ def render_markdown(docs: list[dict], report_cmd: str | None = None) -> str:
                 L.append(f"- {v}: patches {', '.join(ps) or '(none)'}")
         for v, fl in (d.get("variant_flags") or {}).items():
             L.append(f"- extra server flags for {v}: `{shlex.join(fl)}`")
+        for v, env in (d.get("variant_env") or {}).items():
+            L.append(f"- extra env for {v}: `" + shlex.join(f"{k}={val}" for k, val in env.items()) + "`")
         if d.get("bench_flags"):
             L.append("- bench flags: `" + shlex.join(d["bench_flags"]) + "`")
         if d.get("prompts"):

@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="extra `vllm serve` flags for one build, after the harness's (the last occurrence of a "
                          "flag wins), e.g. 'dcu.3.ab12=--attention-backend DCU_TRITON_ATTN'; repeatable; "
                          "NAME '*' = every build, '+' = every build but the baseline")
+    ap.add_argument("--variant-env", action="append", default=[], metavar="NAME=KEY=VALUE",
+                    help="an environment variable for the `vllm serve` process of one build (over the harness's "
+                         "environment), e.g. 'full=VLLM_LOGGING_LEVEL=DEBUG'; repeatable (the last value of a "
+                         "KEY wins); NAME '*' = every build, '+' = every build but the baseline")
     ap.add_argument("--no-patch-flags", action="store_true",
                     help="do not add the serve flags a build's patches need on CUDA (PATCH_SERVE_FLAGS)")
     ap.add_argument("--capture-sizes", default=None,

@@ -107,6 +107,25 @@ def parse_variant_flags(items: list[str]) -> dict[str, list[str]]:
     return out
 
 
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_variant_env(items: list[str]) -> dict[str, dict[str, str]]:
+    """--variant-env NAME=KEY=VALUE items as {NAME: {KEY: VALUE}} (a later KEY of the same NAME wins); the value
+    may be empty and may hold '='."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        name, sep, assignment = item.partition("=")
+        key, sep2, value = assignment.partition("=")
+        if not sep or not sep2 or not name.strip() or not key:
+            raise BenchError(f"--variant-env needs NAME=KEY=VALUE, got {item!r}")
+        if not _ENV_KEY.fullmatch(key):
+            raise BenchError(f"--variant-env {item!r}: {key!r} is not an environment variable name "
+                             "([A-Za-z_][A-Za-z0-9_]*)")
+        out.setdefault(name.strip(), {})[key] = value
+    return out
+
+
 def parse_capture_sizes(value: str | None) -> tuple[int, ...] | None:
     if not value:
         return None
@@ -138,6 +157,7 @@ class BenchConfig:
     repeat_baseline: bool
     baseline_last: bool
     flags_by_variant: dict[str, list[str]]  # '*' every build, '+' every build but the baseline
+    env_by_variant: dict[str, dict[str, str]]  # --variant-env, keyed like flags_by_variant
     patch_flags: bool
     capture_sizes: tuple[int, ...] | None
     seed: int
@@ -198,6 +218,7 @@ class BenchConfig:
             protocols=tuple(protocols), profile=a.profile, kv_gib=a.kv_gib, layers=a.layers, requests=a.requests,
             load_requests=a.load_requests, load_rates=load_rates, output_len=a.output_len, mode=a.mode, step=step,
             repeat_baseline=not a.no_repeat_baseline, baseline_last=a.baseline_last,
-            flags_by_variant=parse_variant_flags(a.variant_flags), patch_flags=not a.no_patch_flags,
+            flags_by_variant=parse_variant_flags(a.variant_flags),
+            env_by_variant=parse_variant_env(a.variant_env), patch_flags=not a.no_patch_flags,
             capture_sizes=parse_capture_sizes(a.capture_sizes), seed=a.seed, out=a.out, what=a.what, gpu=a.gpu,
             work=a.work, deadline_s=a.deadline_s, start_timeout_s=a.start_timeout_s, dry_run=a.dry_run)

@@ -5,7 +5,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench.serve_config import (
     CONTEST_BENCH_FLAGS,
@@ -90,6 +90,7 @@ class Plan:
     patches: dict[str, list[str] | None]  # each build's patch files (None: unknown)
     auto_flags: dict[str, list[str]]  # each build's PATCH_SERVE_FLAGS
     flags_by_variant: dict[str, list[str]]  # --variant-flags
+    env_by_variant: dict[str, dict[str, str]] = field(default_factory=dict)  # --variant-env
 
     @property
     def variants(self) -> list[str]:
@@ -103,17 +104,32 @@ class Plan:
         return (self.auto_flags.get(variant, []) + self.flags_by_variant.get("*", []) + others
                 + self.flags_by_variant.get(variant, []))
 
+    def env_for(self, variant: str) -> dict[str, str]:
+        """Extra environment of a build's server (--variant-env): '*' (every build), then '+' (every build but
+        the baseline), then its own; a later one wins for the same variable."""
+        env = dict(self.env_by_variant.get("*", {}))
+        if variant != self.baseline:
+            env.update(self.env_by_variant.get("+", {}))
+        env.update(self.env_by_variant.get(variant, {}))
+        return env
+
 
 def resolve_plan(cfg: BenchConfig, harness) -> Plan:
     baseline, others = validate_variants(list(cfg.variants), list(harness.variants()), cfg.baseline)
     items = make_plan(cfg, baseline, others)
     names = list(dict.fromkeys(p["variant"] for p in items))
     patches = {v: variant_patches(harness, v) for v in names}
-    stray = [n for n in cfg.flags_by_variant if n not in ("*", "+") and n not in names]
-    if stray:
-        raise BenchError(f"--variant-flags names {','.join(stray)}, not in this run's plan ({', '.join(names)})")
+    for option, by_variant in (("--variant-flags", cfg.flags_by_variant), ("--variant-env", cfg.env_by_variant)):
+        stray = [n for n in by_variant if n not in ("*", "+") and n not in names]
+        if stray:
+            raise BenchError(f"{option} names {','.join(stray)}, not in this run's plan ({', '.join(names)})")
+    safety = getattr(harness, "BOX_SAFETY_ENV", {})  # NVLink multicast stays off on the box, in every process
+    clash = sorted({k for env in cfg.env_by_variant.values() for k in env if k in safety})
+    if clash:
+        raise BenchError(f"--variant-env may not set {','.join(clash)}: the harness keeps "
+                         + ", ".join(f"{k}={safety[k]}" for k in clash) + " (the box's safety settings)")
     auto = {v: patch_flags(ps) for v, ps in patches.items()} if cfg.patch_flags else {}
-    return Plan(baseline, items, patches, auto, cfg.flags_by_variant)
+    return Plan(baseline, items, patches, auto, cfg.flags_by_variant, cfg.env_by_variant)
 
 
 def server_cmd(cfg: BenchConfig, model_dir: str, port: int, harness_flags: list[str], variant_flags=()) -> list[str]:

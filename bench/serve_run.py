@@ -60,9 +60,22 @@ def make_step(cfg: BenchConfig) -> Step:
                 raw_dir=raw_dir, log_dir=os.path.join(raw_dir, "logs"), command=command)
 
 
+def server_env(harness, plan: Plan, name: str) -> dict:
+    """Environment of build `name`'s `vllm serve`: the harness's for that variant, then its --variant-env."""
+    env = harness_env(harness, name, serve=True)
+    env.update(plan.env_for(name))
+    return env
+
+
+def env_words(env: dict[str, str]) -> list[str]:
+    """KEY=VALUE words of an environment, as a shell would take them before a command."""
+    return [f"{k}={v}" for k, v in env.items()]
+
+
 def print_dry_run(cfg: BenchConfig, plan: Plan, step: Step, harness_flags: list[str]) -> None:
     for v in plan.variants:
-        print(f"server {v}: " + shlex.join(server_cmd(cfg, step.model_dir, 8001, harness_flags, plan.flags_for(v))))
+        print(f"server {v}: " + shlex.join(env_words(plan.env_for(v)) + server_cmd(
+            cfg, step.model_dir, 8001, harness_flags, plan.flags_for(v))))
     for proto in cfg.protocols:
         for tier in cfg.tiers:
             rate = (cfg.load_rates or {}).get(tier) or auto_load_rate(None, tier, cfg.layers, cfg.profile)[0]
@@ -81,6 +94,7 @@ def header(cfg: BenchConfig, plan: Plan, step: Step, harness, harness_flags: lis
                                                                    "--load-format", "dummy"] + harness_flags,
         "variant_patches": plan.patches,
         "variant_flags": {v: plan.flags_for(v) for v in plan.variants if plan.flags_for(v)},
+        "variant_env": {v: plan.env_for(v) for v in plan.variants if plan.env_for(v)},
         "bench_flags": CONTEST_BENCH_FLAGS + ["--custom-output-len", str(cfg.output_len), "--ignore-eos"],
         "load": {"concurrency": LOAD_CONCURRENCY, "rates": cfg.load_rates or "auto"},
         "deviations": [d.format(output_len=cfg.output_len, harness_flags=" ".join(harness_flags) or "(none)",
@@ -148,7 +162,7 @@ class StepRunner:
         port = free_port()
         log_path = os.path.join(self.step.log_dir, f"{i:02d}-{name}-{rep}.log")
         srv = Server(server_cmd(cfg, self.step.model_dir, port, self.harness_flags, self.plan.flags_for(name)),
-                     harness_env(self.harness, name, serve=True), log_path)
+                     server_env(self.harness, self.plan, name), log_path)
         clock.log(f"[{i + 1}/{len(self.plan.items)}] start {label} on port {port} (log {log_path})")
         base_run = {"step": self.step.stem, "variant": name, "repeat": rep, "order": i, "profile": cfg.profile,
                     "layers": cfg.layers, "mode": cfg.mode}

@@ -42,6 +42,14 @@ def drive(*args, tmp_path, env_extra=None):
     (["--baseline-last", "--protocols", "load"], "--baseline-last with the load protocol needs a --load-rate"),
     (["--variants", "full", "--variant-flags", "slow=--enforce-eager"],
      "--variant-flags names slow, not in this run's plan (baseline, full)"),
+    (["--variant-env", "full"], "--variant-env needs NAME=KEY=VALUE, got 'full'"),
+    (["--variant-env", "full=FOO"], "--variant-env needs NAME=KEY=VALUE, got 'full=FOO'"),
+    (["--variant-env", "=FOO=1"], "--variant-env needs NAME=KEY=VALUE, got '=FOO=1'"),
+    (["--variant-env", "full==1"], "--variant-env needs NAME=KEY=VALUE, got 'full==1'"),
+    (["--variant-env", "full=1FOO=1"], "--variant-env 'full=1FOO=1': '1FOO' is not an environment variable name"),
+    (["--variant-env", "full=FOO-BAR=1"], "--variant-env 'full=FOO-BAR=1': 'FOO-BAR' is not an environment"),
+    (["--variants", "full", "--variant-env", "slow=FOO=1"],
+     "--variant-env names slow, not in this run's plan (baseline, full)"),
 ])
 def test_bad_arguments_fail_with_one_clear_line(tmp_path, args, message):
     p = drive(*args, "--dry-run", tmp_path=tmp_path)
@@ -119,6 +127,100 @@ def test_variant_flags_go_after_the_harness_flags_of_that_build_only(tmp_path):
                                          "--attention-backend DCU_TRITON_ATTN")
     assert lines["server slow"].endswith("--attention-backend TRITON_ATTN --disable-log-stats --kv-cache-dtype fp8")
     assert lines["server baseline"].endswith("--attention-backend TRITON_ATTN --disable-log-stats")
+
+
+def test_variant_env_parses_name_key_value_and_keeps_it_in_the_frozen_config():
+    from bench.serve_config import parse_variant_env
+
+    assert parse_variant_env(["full=A=1", "full=B=x=y z", "*=C=", " slow =A=2", "full=A=3"]) == {
+        "full": {"A": "3", "B": "x=y z"}, "*": {"C": ""}, "slow": {"A": "2"}}
+    assert parse_variant_env([]) == {}
+    a = config_from_argv(["--variant-env", "full=VLLM_LOGGING_LEVEL=DEBUG", "--variant-env", "+=_X1=a"])
+    assert a.env_by_variant == {"full": {"VLLM_LOGGING_LEVEL": "DEBUG"}, "+": {"_X1": "a"}}
+    assert a.record()["env_by_variant"] == a.env_by_variant
+    assert config_from_argv([]).env_by_variant == {}
+
+
+def _fake_harness():
+    from bench.serve_harness import _load_by_path
+
+    return _load_by_path("vllm_dcu_fake_harness_under_test", FAKE_HARNESS)
+
+
+def test_variant_env_reaches_that_builds_server_env_only_over_the_harness_env():
+    from bench.serve_run import server_env
+
+    harness = _fake_harness()
+    cfg = config_from_argv(["--variants", "full,slow", "--variant-env", "full=FOO=1", "--variant-env", "*=ALL=a",
+                            "--variant-env", "+=OTHERS=o", "--variant-env", "full=ALL=b",
+                            "--variant-env", "slow=FAKE_VLLM_SPEED=0.25"])
+    plan = serve_plan.resolve_plan(cfg, harness)
+    envs = {v: server_env(harness, plan, v) for v in ("baseline", "full", "slow")}
+    assert all(e["FAKE_INPROCESS"] == "0" and e["PYTHONPATH"].endswith("fake_vllm") for e in envs.values())
+    assert {k: envs["full"].get(k) for k in ("FOO", "ALL", "OTHERS")} == {"FOO": "1", "ALL": "b", "OTHERS": "o"}
+    assert {k: envs["slow"].get(k) for k in ("FOO", "ALL", "OTHERS")} == {"FOO": None, "ALL": "a", "OTHERS": "o"}
+    assert {k: envs["baseline"].get(k) for k in ("FOO", "ALL", "OTHERS")} == {"FOO": None, "ALL": "a",
+                                                                               "OTHERS": None}
+    assert envs["slow"]["FAKE_VLLM_SPEED"] == "0.25" and envs["full"]["FAKE_VLLM_SPEED"] == "1.25"  # over the harness's
+    assert plan.env_for("full") == {"ALL": "b", "OTHERS": "o", "FOO": "1"}
+
+
+def test_the_server_process_of_a_build_is_started_with_its_variant_env(tmp_path, monkeypatch):
+    from bench import serve_run
+    from bench.serve_metrics import Results
+    from bench.serve_procs import Clock
+
+    started = []
+
+    class RecordingServer:  # instead of a `vllm serve` process
+        def __init__(self, cmd, env, log_path):
+            started.append((cmd, env))
+
+        def start(self):
+            raise RuntimeError("not started in this test")
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(serve_run, "Server", RecordingServer)
+    harness = _fake_harness()
+    cfg = config_from_argv(["--variants", "full", "--variant-env", "full=FOO=1", "--dry-run", "--gpu", "test",
+                            "--work", str(tmp_path), "--out", str(tmp_path / "out")])
+    plan = serve_plan.resolve_plan(cfg, harness)
+    step = serve_run.make_step(cfg)
+    os.makedirs(step.log_dir)
+    header = serve_run.header(cfg, plan, step, harness, [], {})
+    assert header["variant_env"] == {"full": {"FOO": "1"}}
+    results = Results(str(tmp_path / "r.json"), header)
+    runner = serve_run.StepRunner(cfg, plan, step, harness, [], {}, results, Clock())
+    for i, item in enumerate(plan.items):
+        runner.run_server(i, item["variant"], item["repeat"])
+    assert [env.get("FOO") for _, env in started] == [None, "1", None]  # baseline, full, baseline again
+    assert all(env["FAKE_INPROCESS"] == "0" for _, env in started)
+    assert [r["error"] for r in results.doc["runs"]] == ["not started in this test"] * 3
+
+
+def test_variant_env_may_not_turn_the_box_safety_settings_off():
+    import types
+
+    harness = types.SimpleNamespace(variants=lambda: ["baseline", "full"], variant_dir=lambda n: "/nonexistent",
+                                    BOX_SAFETY_ENV={"NCCL_NVLS_ENABLE": "0"})
+    cfg = config_from_argv(["--variant-env", "*=NCCL_NVLS_ENABLE=1"])
+    with pytest.raises(BenchError, match="--variant-env may not set NCCL_NVLS_ENABLE: the harness keeps "
+                                         "NCCL_NVLS_ENABLE=0"):
+        serve_plan.resolve_plan(cfg, harness)
+    assert serve_plan.resolve_plan(config_from_argv(["--variant-env", "full=OK=1"]), harness).env_for("full") == {
+        "OK": "1"}
+
+
+def test_dry_run_shows_each_builds_extra_env_before_its_server_command(tmp_path):
+    p = drive("--dry-run", "--variants", "full,slow", "--variant-env", "full=FOO=1 2", "--variant-env", "+=BAR=b",
+              tmp_path=tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = {line.split(":")[0]: line for line in p.stdout.splitlines() if line.startswith("server ")}
+    assert lines["server full"].startswith("server full: BAR=b 'FOO=1 2' ")
+    assert lines["server slow"].startswith("server slow: BAR=b ") and "FOO" not in lines["server slow"]
+    assert "BAR" not in lines["server baseline"] and "FOO" not in lines["server baseline"]
 
 
 def test_builds_with_patch_0003_get_the_dcu_attention_backend_on_cuda(tmp_path):

@@ -124,3 +124,12 @@ def test_load_sections_add_stalls_whole_request_latency_and_server_counters(doc)
     p1 = next(line for line in part.splitlines() if line.startswith("| p1 ")).split("|")
     assert p1[2].strip() == "60.0" and p1[5].strip() == "0"
     assert "ITL P99" not in render_markdown([doc])  # contest sections keep one table per tier
+
+
+def test_setup_lists_each_builds_extra_server_env(doc):
+    doc = copy.deepcopy(doc)
+    doc["variant_env"] = {"full": {"FOO": "1", "BAR": "x y"}}
+    md = render_markdown([doc])
+    setup = md.split("## Setup", 1)[1]
+    assert "- extra env for full: `FOO=1 'BAR=x y'`" in setup
+    assert "extra env for" not in render_markdown([dict(doc, variant_env={})])

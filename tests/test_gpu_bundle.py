@@ -222,6 +222,47 @@ def test_failed_bundle_keeps_the_previous_complete_bundle(env):
     assert (env["out"] / "manifest.json").read_text() == before
 
 
+def test_the_same_wheel_under_two_names_shares_one_tarball_and_the_box_unpacks_both(env, tmp_path):
+    # same resolved path (given as two spellings of one file), then the same bytes under another path
+    twin = env["tmp"] / "elsewhere" / env["wheel"].name
+    twin.parent.mkdir()
+    twin.write_bytes(env["wheel"].read_bytes())
+    other = make_wheel(env["tmp"] / "vllm-0.18.1+base-cp38-abi3-manylinux_2_31_x86_64.whl", "0.18.1+base")
+    same_path = env["tmp"] / "elsewhere" / ".." / env["wheel"].name
+    p = run_bundle(env, "--name", "full", "--name", "full8", "--name", "base", "--name", "copy",
+                   wheels=[env["wheel"], same_path, other, twin])
+    assert p.returncode == 0, p.stderr
+    out = env["out"]
+    man = json.loads((out / "manifest.json").read_text())
+    by = {v["name"]: v for v in man["variants"]}
+    assert list(by) == ["full", "full8", "base", "copy"]
+    assert sorted(os.listdir(out / "variants")) == ["base.tar.gz", "full.tar.gz"]
+    for name in ("full8", "copy"):
+        assert by[name]["shares"] == "full"
+        for key in ("tarball", "sha256", "bytes", "files", "compiled_ops"):
+            assert by[name][key] == by["full"][key], (name, key)
+    assert by["copy"]["wheel"] == twin.name and by["copy"]["version"] == "0.18.1+dcu.7.deadbeef"
+    assert "shares" not in by["full"] and "shares" not in by["base"]
+    on_disk = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    assert abs(man["total_bytes"] - on_disk) < 256  # the shared tarball counted once
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("bundle: variant ")]
+    assert len(lines) == 4 and "same wheel as full: shares its tarball variants/full.tar.gz" in lines[1]
+    assert "shares" in lines[3] and "shares" not in lines[0] + lines[2]
+    assert sum(f.stat().st_size for f in (out / "variants").iterdir()) == by["full"]["bytes"] + by["base"]["bytes"]
+    # the box unpacks every name from the tarball its entry points to
+    e = dict(os.environ, VLLM_DCU_BUNDLE=str(out), VLLM_DCU_SITE=str(tmp_path / "site"),
+             VLLM_DCU_VARIANTS=str(tmp_path / "variants"))
+    e.pop("VARIANT", None)
+    e.pop("PYTHONPATH", None)
+    p = subprocess.run(["bash", str(GPU / "run.sh"), "prepare"], capture_output=True, text=True, timeout=300, env=e,
+                       cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("unpacked variant") == 4
+    for name in ("full", "full8", "copy"):
+        tree = tmp_path / "variants" / name / "vllm"
+        assert (tree / "_custom_ops.py").read_text() == CUSTOM_OPS_PY and (tree / "_C.py").is_file()
+
+
 # ---------------------------------------------------------------------------------- run.sh / harness
 @pytest.fixture
 def box(env, tmp_path):

@@ -16,8 +16,11 @@ compiled extensions cannot run there. The bundle carries what can:
     .bundle/standins/                the compiled-op stand-ins (ci/gpu/standins)
 
 The variant name is the local part of the wheel's version (0.18.1+dcu.1.ab12cd34 -> dcu.1.ab12cd34,
-0.18.1+base -> base, plain 0.18.1 -> upstream) unless --name gives one. The bundle is built beside --out and
-moved into place only when complete and under the size cap; any error prints one line and leaves no bundle.
+0.18.1+base -> base, plain 0.18.1 -> upstream) unless --name gives one. The same wheel given again under
+another name (same file, or same sha256: `--wheel dist/X.whl dist/X.whl --name full --name full8`) is packed
+once: the later name's manifest entry points to the first's tarball and adds nothing to the size. The bundle
+is built beside --out and moved into place only when complete and under the size cap; any error prints one line
+and leaves no bundle.
 On the box: bash ci/gpu/run.sh (see ci/gpu/harness.py).
 """
 from __future__ import annotations
@@ -175,6 +178,25 @@ def pack_variant(wheel: dict, dest: Path) -> dict:
             "excluded_files": excluded, "compiled_ops": ops}
 
 
+def _same_wheel(info: dict, packed: list[tuple[dict, dict]]) -> tuple[dict, dict] | None:
+    """The (info, entry) of an already packed wheel that is the same file as `info`'s (same resolved path, or
+    same size and sha256), else None. Hashes only wheels whose sizes match."""
+    path = Path(info["path"]).resolve()
+    size = path.stat().st_size
+    for other in packed:
+        o = other[0]
+        if Path(o["path"]).resolve() == path:
+            return other
+        if Path(o["path"]).stat().st_size == size:
+            if "sha256" not in o:
+                o["sha256"] = sha256(Path(o["path"]))
+            if "sha256" not in info:
+                info["sha256"] = sha256(path)
+            if o["sha256"] == info["sha256"]:
+                return other
+    return None
+
+
 # ------------------------------------------------------------------------------------------------ deps
 def read_deps(path: Path) -> list[tuple[str, str]]:
     if not path.is_file():
@@ -252,9 +274,20 @@ def build(wheels: list[Path], names: list[str], out: Path, deps_file: Path, cach
         (tmp / "deps").mkdir()
         (tmp / "standins").mkdir()
         variants = []
+        packed: list[tuple[dict, dict]] = []  # (wheel info, its variant entry) of each tarball written
         for info in infos:
+            first = _same_wheel(info, packed)
+            if first is not None:
+                # the same wheel under another name: its entry points to the first's tarball, which the bundle
+                # (and its size cap) carries once
+                entry = dict(first[1], wheel=info["filename"], version=info["version"], shares=first[0]["name"])
+                variants.append({"name": info["name"], **entry})
+                print(f"bundle: variant {info['name']:<24}   0.00 MiB  (same wheel as {first[0]['name']}: shares "
+                      f"its tarball {entry['tarball']})", flush=True)
+                continue
             entry = pack_variant(info, tmp / "variants" / f"{info['name']}.tar.gz")
             variants.append({"name": info["name"], **entry})
+            packed.append((info, entry))
             print(f"bundle: variant {info['name']:<24} {mib(entry['bytes']):6.2f} MiB  "
                   f"({entry['files']} files, {entry['excluded_files']} left out)", flush=True)
         dep_entries = []
@@ -278,7 +311,8 @@ def build(wheels: list[Path], names: list[str], out: Path, deps_file: Path, cach
         manifest["total_bytes"] = total
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         if mib(total) > max_mib:
-            parts = ", ".join(f"{v['name']} {mib(v['bytes']):.1f}" for v in variants)
+            parts = ", ".join(f"{v['name']} " + (f"= {v['shares']}" if "shares" in v else f"{mib(v['bytes']):.1f}")
+                              for v in variants)
             raise BundleError(f"bundle would be {mib(total):.1f} MiB, over the {max_mib:g} MiB cap "
                               f"(deps {mib(manifest['deps_bytes']):.1f} MiB; variants: {parts}); "
                               f"bundle fewer wheels")
@@ -300,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheel", action="extend", nargs="+", default=[], required=True, metavar="WHEEL",
                     help="built vLLM wheel(s), in variant order (repeat or list several: --wheel dist/*.whl)")
     ap.add_argument("--name", action="extend", nargs="+", default=[], metavar="NAME",
-                    help="variant name for each wheel, in order (default: the version's local part)")
+                    help="variant name for each wheel, in order (default: the version's local part); a wheel "
+                         "given twice under two names shares one tarball")
     ap.add_argument("--out", default=str(REPO / ".bundle"), help="bundle folder (default: .bundle)")
     ap.add_argument("--deps", default=str(DEFAULT_DEPS), help="NAME==VERSION list of dependency wheels")
     ap.add_argument("--cache", default=str(DEFAULT_CACHE), help="dependency wheel cache folder")
