@@ -11,6 +11,7 @@ import pytest
 import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+import dcu_backend_fakes  # noqa: E402
 import triton_interp_compat  # noqa: E402,F401
 
 from kernels.decode_attention.reference import paged_decode_reference  # noqa: E402
@@ -27,22 +28,8 @@ def backend_mod(vllm_tree):
     return triton_attn
 
 
-def fake_vllm_config(max_num_seqs=8, capture_sizes=(1, 2, 4), cache_dtype="auto"):
-    from vllm.config import CUDAGraphMode
-
-    # dtype and max_model_len: the builder's prefill warmup (patch 0006) reads them; a no-op on the CPU
-    model = types.SimpleNamespace(
-        get_num_attention_heads=lambda pc: HQ, get_num_kv_heads=lambda pc: HKV, get_head_size=lambda: D,
-        dtype=torch.bfloat16, max_model_len=4096)
-    return types.SimpleNamespace(
-        model_config=model,
-        parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),
-        compilation_config=types.SimpleNamespace(
-            cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE, cudagraph_capture_sizes=list(capture_sizes)),
-        scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs),
-        cache_config=types.SimpleNamespace(cache_dtype=cache_dtype),
-        speculative_config=None,
-    )
+def fake_vllm_config(**kw):
+    return dcu_backend_fakes.fake_vllm_config(HQ, HKV, D, **kw)
 
 
 def make_builder(backend_mod, **kw):
@@ -51,15 +38,8 @@ def make_builder(backend_mod, **kw):
 
 
 def common_metadata(query_lens, seq_lens, max_blocks=8):
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    qsl = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0)), dtype=torch.int32)
-    n_tok = int(qsl[-1])
     table = torch.arange(len(seq_lens) * max_blocks, dtype=torch.int32).view(len(seq_lens), max_blocks)
-    return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        num_reqs=len(seq_lens), num_actual_tokens=n_tok, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-        block_table_tensor=table, slot_mapping=torch.zeros(n_tok, dtype=torch.int64))
+    return dcu_backend_fakes.common_metadata(query_lens, seq_lens, table)
 
 
 def make_impl(backend_mod, **kw):
@@ -250,7 +230,7 @@ def test_mixed_batch_split_matches_the_whole_batch_through_triton_attn(backend_m
         ks.copy_(torch.rand(ks.shape, generator=g) * 0.02 + 0.005)
         vs.copy_(torch.rand(vs.shape, generator=g) * 0.02 + 0.005)
     q = torch.randn(sum(qlens), HQ, D, generator=g).to(torch.bfloat16)
-    layer = types.SimpleNamespace(_k_scale=torch.ones(1), _v_scale=torch.ones(1), _q_scale_float=1.0)
+    layer = dcu_backend_fakes.attention_layer()
     outs = {}
     for split in ("1", "0"):
         monkeypatch.setenv("VLLM_DCU_MIXED_DECODE_ROWS", split)
