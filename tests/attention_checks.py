@@ -57,3 +57,17 @@ def v_by_token(v_cache):
     """A copy of ``v_cache`` whose pages hold V by token ([num_blocks, block_size, kv heads, head_dim] in memory,
     head_dim contiguous): an int8 cache's V (by dim) as fp8 and bf16 caches store theirs."""
     return v_cache.contiguous()
+
+
+def shuffled_block_table(seq_lens, block_size, g, spare=1):
+    """(block table, number of blocks) for sequences of these lengths on pages in a random order (generator g's
+    device), with ``spare`` pages no sequence uses and one unused column past the longest sequence's pages."""
+    pages = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(pages) + spare
+    order = torch.randperm(num_blocks, device=g.device, generator=g).to(torch.int32)
+    table = torch.zeros(len(seq_lens), max(pages) + 1, dtype=torch.int32, device=g.device)
+    used = 0
+    for i, n in enumerate(pages):
+        table[i, :n] = order[used : used + n]
+        used += n
+    return table, num_blocks

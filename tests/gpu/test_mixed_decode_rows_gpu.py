@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 
+from tests.attention_checks import shuffled_block_table
 from tests.dcu_backend_fakes import attention_layer, common_metadata, fake_vllm_config
 
 pytestmark = pytest.mark.gpu
@@ -27,14 +28,7 @@ def _cache(cache_dtype, g):
     from vllm.dcu_kernels.kv_quant import layout
 
     bs = BLOCK[cache_dtype]
-    pages = [-(-s // bs) for s in SEQ_LENS]
-    num_blocks = sum(pages) + 1
-    order = torch.randperm(num_blocks, device=DEV, generator=g).to(torch.int32)
-    table = torch.zeros(len(SEQ_LENS), max(pages) + 1, dtype=torch.int32, device=DEV)
-    used = 0
-    for i, n in enumerate(pages):
-        table[i, :n] = order[used : used + n]
-        used += n
+    table, num_blocks = shuffled_block_table(SEQ_LENS, bs, g)
     if cache_dtype == "auto":
         return torch.randn(num_blocks, 2, bs, HKV, D, device=DEV, generator=g).bfloat16(), table
     kind = layout.kv_quant_kind(cache_dtype)

@@ -4,7 +4,6 @@ the float64 reference over the same quantized cache; hardware and software e4m3 
 outputs; scales on S/P and dequantized tiles agree; end to end through the engine with each dtype.
 """
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from kernels.kv_quant import reshape_and_cache_per_token_head, split_kv_cache
 from kernels.kv_quant.layout import kv_cache_shape
 from kernels.kv_quant.reference import paged_attention_reference, relative_error
+from tests.attention_checks import shuffled_block_table
 
 pytestmark = pytest.mark.gpu
 
@@ -35,14 +35,7 @@ def unified_attention():
 def make_batch(query_lens, context_lens, kind, seed):
     g = torch.Generator(device=DEV).manual_seed(seed)
     seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
-    nblk = [math.ceil(s / BS) for s in seq_lens]
-    num_blocks = sum(nblk) + 2
-    order = torch.randperm(num_blocks, device=DEV, generator=g).to(torch.int32)
-    table = torch.zeros(len(seq_lens), max(nblk) + 1, dtype=torch.int32, device=DEV)
-    used = 0
-    for i, n in enumerate(nblk):
-        table[i, :n] = order[used : used + n]
-        used += n
+    table, num_blocks = shuffled_block_table(seq_lens, BS, g, spare=2)
     cache = torch.zeros(kv_cache_shape(num_blocks, BS, HKV, D), dtype=torch.uint8, device=DEV)
     views = split_kv_cache(cache, D, kind)
     for i, s in enumerate(seq_lens):
