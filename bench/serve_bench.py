@@ -62,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="load-protocol request rate: auto (0.6 of the baseline's capacity at concurrency 1, "
                          "capped under dcu64), a number, or tier=rate pairs")
     ap.add_argument("--output-len", type=int, default=250)
-    ap.add_argument("--mode", default="graph", help="graph (CUDA graphs + torch.compile, as the contest), decode-graph (no "
-                         "torch.compile, full CUDA graphs for decode: starts in about a minute, decode kernels as "
-                         "under graphs; eager prefill) or eager")
+    ap.add_argument("--mode", default="graph", help="graph (CUDA graphs + torch.compile, as the contest), "
+                         "decode-graph (no torch.compile, full CUDA graphs for decode: starts in about a minute, "
+                         "decode kernels as under graphs; eager prefill) or eager")
     ap.add_argument("--step", default="1/1", help="K/N: run the K-th of N shares of the non-baseline builds")
     ap.add_argument("--no-repeat-baseline", action="store_true", help="run the baseline once, not first and last")
     ap.add_argument("--baseline-last", action="store_true",

@@ -170,7 +170,8 @@ def auto_load_rate(contest_bench: dict | None, tier: str, layers: int, profile: 
     if contest_bench and contest_bench.get("mean_ttft_ms") and contest_bench.get("mean_e2el_ms"):
         by_prefill = 1000.0 / contest_bench["mean_ttft_ms"]
         by_cap = LOAD_CONCURRENCY * 1000.0 / contest_bench["mean_e2el_ms"]
-        rate, how = LOAD_UTILIZATION * min(by_prefill, by_cap), "0.6 of the baseline's capacity from its concurrency-1 run"
+        rate = LOAD_UTILIZATION * min(by_prefill, by_cap)
+        how = "0.6 of the baseline's capacity from its concurrency-1 run"
     else:
         rate, how = LOAD_RATE_TABLE[tier] * 16 / layers, "fixed table, no concurrency-1 run of the baseline"
     if profile == "dcu64" and LOAD_RATE_CAP_DCU64[tier] * 16 / layers < rate:

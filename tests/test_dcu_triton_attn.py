@@ -75,7 +75,8 @@ def test_selection_validates_qwen35_shapes_and_rejects_what_triton_attn_rejects(
 
 def test_rocm_prefers_the_backend_over_triton_attn(backend_mod, monkeypatch):
     # import the ROCm platform module on a CPU machine: it asks torch for the GCN arch once
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: types.SimpleNamespace(gcnArchName="gfx936"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda *a, **k: types.SimpleNamespace(gcnArchName="gfx936"))
     from vllm.platforms import rocm
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as B
 
