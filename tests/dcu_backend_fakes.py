@@ -39,3 +39,25 @@ def common_metadata(query_lens, seq_lens, block_table, device="cpu"):
 def attention_layer():
     """The layer attributes TRITON_ATTN's forward reads (per-tensor scales of 1)."""
     return types.SimpleNamespace(_k_scale=torch.ones(1), _v_scale=torch.ones(1), _q_scale_float=1.0)
+
+
+def random_kv_cache(cache_dtype, num_blocks, block_size, num_kv_heads, head_size, g):
+    """A cache of ``cache_dtype`` as vLLM lays it out, random contents on generator g's device: bf16 values, or
+    8-bit codes (int8 in [-127, 127], e4m3 without NaN codes) with scales in [0.005, 0.025)."""
+    from vllm.dcu_kernels.kv_quant import layout
+
+    dev = g.device
+    if cache_dtype == "auto":
+        return torch.randn(num_blocks, 2, block_size, num_kv_heads, head_size, device=dev, generator=g).bfloat16()
+    kind = layout.kv_quant_kind(cache_dtype)
+    cache = torch.randint(0, 256, layout.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size),
+                          device=dev, generator=g, dtype=torch.uint8)
+    k, v, ks, vs = layout.split_kv_cache(cache, head_size, kind)
+    for codes in (k, v):
+        if kind == "int8":
+            codes[codes == 128] = 0
+        else:
+            codes[(codes & 0x7F) == 0x7F] = 0
+    ks.copy_(torch.rand(ks.shape, device=dev, generator=g) * 0.02 + 0.005)
+    vs.copy_(torch.rand(vs.shape, device=dev, generator=g) * 0.02 + 0.005)
+    return cache

@@ -211,25 +211,13 @@ def test_everything_else_goes_to_triton_attn_forward(backend_mod, monkeypatch, c
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("cache_dtype", ["auto", "int8_per_token_head"])
+@pytest.mark.parametrize("cache_dtype", ["auto", "int8_per_token_head", "fp8_per_token_head"])
 def test_mixed_batch_split_matches_the_whole_batch_through_triton_attn(backend_mod, monkeypatch, cache_dtype):
     """The real thing on both sides (Triton interpreter): decode rows on the split-KV kernel and the rest through
     TRITON_ATTN's forward (patch 0006's prefill kernel), against the whole mixed batch through that forward."""
-    from vllm.dcu_kernels.kv_quant import layout
-
     lens, qlens = [40, 23, 30, 18], [1, 1, 5, 3]  # two decode rows, a chunk after 25 tokens, one after 15
     g = torch.Generator().manual_seed(2)
-    num_blocks = 24
-    if cache_dtype == "auto":
-        kv_cache = torch.randn(num_blocks, 2, BS, HKV, D, generator=g).to(torch.bfloat16)
-    else:
-        kv_cache = torch.randint(0, 256, layout.kv_cache_shape(num_blocks, BS, HKV, D), generator=g,
-                                 dtype=torch.uint8)
-        k, v, ks, vs = layout.split_kv_cache(kv_cache, D, "int8")
-        k[k == 128] = 0  # int8 codes stay in [-127, 127]
-        v[v == 128] = 0
-        ks.copy_(torch.rand(ks.shape, generator=g) * 0.02 + 0.005)
-        vs.copy_(torch.rand(vs.shape, generator=g) * 0.02 + 0.005)
+    kv_cache = dcu_backend_fakes.random_kv_cache(cache_dtype, 24, BS, HKV, D, g)
     q = torch.randn(sum(qlens), HQ, D, generator=g).to(torch.bfloat16)
     layer = dcu_backend_fakes.attention_layer()
     outs = {}

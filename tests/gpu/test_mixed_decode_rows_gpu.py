@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.attention_checks import shuffled_block_table
-from tests.dcu_backend_fakes import attention_layer, common_metadata, fake_vllm_config
+from tests.dcu_backend_fakes import attention_layer, common_metadata, fake_vllm_config, random_kv_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -25,24 +25,8 @@ SEQ_LENS = [16384, 3000, 700, 8512, 240]
 
 
 def _cache(cache_dtype, g):
-    from vllm.dcu_kernels.kv_quant import layout
-
-    bs = BLOCK[cache_dtype]
-    table, num_blocks = shuffled_block_table(SEQ_LENS, bs, g)
-    if cache_dtype == "auto":
-        return torch.randn(num_blocks, 2, bs, HKV, D, device=DEV, generator=g).bfloat16(), table
-    kind = layout.kv_quant_kind(cache_dtype)
-    cache = torch.randint(0, 256, layout.kv_cache_shape(num_blocks, bs, HKV, D), device=DEV, generator=g,
-                          dtype=torch.uint8)
-    k, v, ks, vs = layout.split_kv_cache(cache, D, kind)
-    for codes in (k, v):
-        if kind == "int8":
-            codes[codes == 128] = 0  # int8 codes in [-127, 127]
-        else:
-            codes[(codes & 0x7F) == 0x7F] = 0  # no e4m3 NaN codes
-    ks.copy_(torch.rand(ks.shape, device=DEV, generator=g) * 0.02 + 0.005)
-    vs.copy_(torch.rand(vs.shape, device=DEV, generator=g) * 0.02 + 0.005)
-    return cache, table
+    table, num_blocks = shuffled_block_table(SEQ_LENS, BLOCK[cache_dtype], g)
+    return random_kv_cache(cache_dtype, num_blocks, BLOCK[cache_dtype], HKV, D, g), table
 
 
 @pytest.mark.parametrize("cache_dtype", ["auto", "int8_per_token_head", "fp8_per_token_head"])
