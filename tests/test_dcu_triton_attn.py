@@ -191,6 +191,23 @@ def test_mixed_batch_decode_rows_take_the_split_kv_kernel_and_the_rest_goes_to_t
     assert rq.shape[0] == 6 and rout.shape[0] == 6
 
 
+@pytest.mark.parametrize("impl_kw", [dict(sliding_window=64), dict(kv_cache_dtype="fp8")], ids=["sliding window",
+                                                                                          "per-tensor fp8"])
+def test_a_split_mixed_batch_goes_whole_to_triton_attn_where_the_decode_kernel_does_not_apply(backend_mod, monkeypatch,
+                                                                                            impl_kw):
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    calls = []
+    monkeypatch.setattr(TritonAttentionImpl, "forward", lambda self, *a, **k: calls.append(a) or "unified")
+    meta = make_builder(backend_mod).build(0, common_metadata([1, 4], [20, 30]))
+    assert meta.num_mixed_decodes == 1  # the builder splits; this layer's impl cannot take the decode rows
+    q = torch.zeros(5, HQ, D, dtype=torch.bfloat16)
+    kv_cache = torch.zeros(16, 2, BS, HKV, D, dtype=torch.bfloat16)
+    assert make_impl(backend_mod, **impl_kw).forward(None, q, None, None, kv_cache, meta, output=q) == "unified"
+    (args,) = calls
+    assert args[1] is q and args[5] is meta  # (layer, query, key, value, kv_cache, metadata, output, ...)
+
+
 @pytest.mark.parametrize("case", ["mixed batch", "sliding window", "sinks", "soft cap", "per-tensor fp8",
                                   "profiling run", "fp32 query"])
 def test_everything_else_goes_to_triton_attn_forward(backend_mod, monkeypatch, case):
