@@ -97,20 +97,21 @@ class Plan:
         """Each build once, in run order."""
         return list(dict.fromkeys(p["variant"] for p in self.items))
 
+    def _scoped(self, by_variant: dict, variant: str) -> list:
+        """The entries of a --variant-flags / --variant-env mapping that apply to a build, in order: '*' (every
+        build), '+' (every build but the baseline), then its own."""
+        names = ["*"] + (["+"] if variant != self.baseline else []) + [variant]
+        return [by_variant[n] for n in names if n in by_variant]
+
     def flags_for(self, variant: str) -> list[str]:
-        """Extra serve flags of a build: its patches' (PATCH_SERVE_FLAGS), then --variant-flags '*' (every
-        build), '+' (every build but the baseline) and its own."""
-        others = [] if variant == self.baseline else self.flags_by_variant.get("+", [])
-        return (self.auto_flags.get(variant, []) + self.flags_by_variant.get("*", []) + others
-                + self.flags_by_variant.get(variant, []))
+        """Extra serve flags of a build: its patches' (PATCH_SERVE_FLAGS), then its --variant-flags (_scoped)."""
+        return self.auto_flags.get(variant, []) + [f for fl in self._scoped(self.flags_by_variant, variant) for f in fl]
 
     def env_for(self, variant: str) -> dict[str, str]:
-        """Extra environment of a build's server (--variant-env): '*' (every build), then '+' (every build but
-        the baseline), then its own; a later one wins for the same variable."""
-        env = dict(self.env_by_variant.get("*", {}))
-        if variant != self.baseline:
-            env.update(self.env_by_variant.get("+", {}))
-        env.update(self.env_by_variant.get(variant, {}))
+        """Extra environment of a build's server (--variant-env, _scoped); a later one wins for the same variable."""
+        env: dict[str, str] = {}
+        for scoped in self._scoped(self.env_by_variant, variant):
+            env.update(scoped)
         return env
 
 
