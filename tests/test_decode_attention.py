@@ -742,6 +742,25 @@ def test_bench_cost_table_splits_time_into_per_token_and_fixed_parts(tmp_path, c
         bench.main(["--summary", str(path)])
 
 
+def test_bench_table_splits_a_call_into_its_stages_when_they_were_timed(monkeypatch):
+    from kernels.decode_attention import bench
+
+    meta = dict(device="d", command="c", copy_GBps=1000.0, baseline="none", target="t", config={}, swept=False)
+    row = dict(dtype="int8_pth", batch=1, ctx=16384, splits=66, us=22.0, GBps=1500, pct_copy=36.0, ratio_vs_bf16=0.77)
+    plain = bench.markdown(meta, [row]).splitlines()
+    assert plain[-1].endswith("| 0.77 |") and "stage 1 us" not in "\n".join(plain)
+    rows = [dict(row, stage1_us=15.5, stage2_us=2.5),
+            dict(row, batch=64, stage1_us=40.0, us=41.0),  # one split per sequence: no stage 2 kernel
+            dict(row, batch=4)]  # the profiler saw nothing
+    lines = bench.markdown(meta, rows).splitlines()
+    assert lines[-5].endswith("| x bf16 | stage 1 us | stage 2 us | rest us |") and lines[-4].count("---") == 13
+    assert lines[-3].endswith("| 0.77 | 15.5 | 2.5 | 4.0 |")
+    assert lines[-2].endswith("| 0.77 | 40.0 | 0.0 | 1.0 |")
+    assert lines[-1].endswith("| 0.77 | - | - | - |")
+    monkeypatch.setattr(bench, "DEV", "cpu")  # --dry-run's device: no profiler, no stage columns
+    assert bench.stage_times([lambda: None]) == {}
+
+
 def test_bench_compare_rejects_a_file_that_is_not_a_bench_json(tmp_path):
     from kernels.decode_attention import bench
 

@@ -18,6 +18,8 @@ A summary under the table gives, per row kind, the geometric mean of time / bf16
 the table entry's time (--kv8 rows); --compare JSON adds time / an earlier run's time per dtype (e.g. the kernel
 before a change, `git archive REV kernels` run first in the same call).
 
+--stage-times adds each stage's kernel time per call (torch profiler over the same graphs) and what is left of the
+call's time beside them (launch gaps, the stages' ramp-up and tail): where batch 1's fixed cost goes.
 --calls-per-graph N (N > 1) times graphs of N calls, each on its own pages, per call and without the L2 flush
 do_bench puts before every replay: as the layers of a captured decode step follow each other (H200: bf16's fixed
 cost per call 9.1 us instead of 12.8, 8-bit's 12.5 instead of 16.4; the 8-bit / bf16 ratios within 4%).
@@ -240,6 +242,43 @@ def time_graph(fn, rep=100):
     return ms * 1e3  # us
 
 
+STAGE_KERNELS = (("stage1_us", "_decode_split_kernel"), ("stage2_us", "_merge_splits_kernel"))
+
+
+def stage_times(fns, reps=20):
+    """Device time per call of each stage's kernel (stage 1: the splits, stage 2: their merge), from the profiler
+    over replays of a graph of ``fns`` (one call each, as time_calls captures them); what the call's time has beyond
+    the two is launch gaps and the stages' ramp-up and tail. {} on the CPU, or where the profiler sees no kernels."""
+    if DEV == "cpu":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    out = {}
+    for ev in prof.key_averages():
+        total = getattr(ev, "device_time_total", None)
+        if total is None:
+            total = getattr(ev, "cuda_time_total", 0.0)
+        for key, kernel in STAGE_KERNELS:
+            if kernel in ev.key:
+                out[key] = round(out.get(key, 0.0) + total / (reps * len(fns)), 2)
+    del g
+    return out
+
+
 # --- sweep --------------------------------------------------------------------------------------
 
 def launch_grid():
@@ -388,6 +427,7 @@ def plot(rows, copy_gbps, path):
 
 
 def markdown(meta, rows):
+    stages = any("stage1_us" in r for r in rows)  # --stage-times (stage 2 is absent where one split wrote the output)
     out = [f"# Decode attention: {meta['device']}", "", f"Command: `{meta['command']}`", "",
            f"Device copy bandwidth (read + write): {meta['copy_GBps']:.0f} GB/s. Baseline: {meta['baseline']}.",
            f"Configuration: target `{meta['target']}`, {json.dumps(meta['config'])}"
@@ -401,16 +441,23 @@ def markdown(meta, rows):
               " not as the cache stores it (int8 by dim, fp8 by token)." if meta.get("v_layouts") else "")
            + " GB/s = KV bytes read / time;"
            " % = of copy bandwidth; x UA = speedup over unified_attention on bf16 KV;"
-           " x bf16 = our time / our bf16 time.", "",
-           "| dtype | batch | ctx | splits | us | GB/s | % copy | UA us | x UA | x bf16 |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           " x bf16 = our time / our bf16 time."
+           + (" Stage 1 / 2 us: each stage's kernel time per call (profiler, same graphs); rest = us - both"
+              " (launch gaps, ramps; the profiler's replays run apart from the timed ones)." if stages else ""), "",
+           "| dtype | batch | ctx | splits | us | GB/s | % copy | UA us | x UA | x bf16 |"
+           + (" stage 1 us | stage 2 us | rest us |" if stages else ""),
+           "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if stages else "")]
     for r in rows:
         if r["dtype"].startswith("baseline"):
             continue
         ctx = f"{r['ctx'] // 1024}K" if r["ctx"] % 1024 == 0 else str(r["ctx"])
-        out.append(f"| {r['dtype']} | {r['batch']} | {ctx} | {r['splits']} | {r['us']:.1f} | "
-                   f"{r['GBps']:.0f} | {r['pct_copy']:.0f}% | {r.get('baseline_us', '') or '-'} | "
-                   f"{r.get('speedup_vs_ua', '') or '-'} | {r.get('ratio_vs_bf16', '') or '-'} |")
+        line = (f"| {r['dtype']} | {r['batch']} | {ctx} | {r['splits']} | {r['us']:.1f} | "
+                f"{r['GBps']:.0f} | {r['pct_copy']:.0f}% | {r.get('baseline_us', '') or '-'} | "
+                f"{r.get('speedup_vs_ua', '') or '-'} | {r.get('ratio_vs_bf16', '') or '-'} |")
+        if stages:
+            s1, s2 = r.get("stage1_us"), r.get("stage2_us", 0.0 if r.get("stage1_us") is not None else None)
+            line += (f" {s1:.1f} | {s2:.1f} | {r['us'] - s1 - s2:.1f} |" if s1 is not None else " - | - | - |")
+        out.append(line)
     return "\n".join(out) + "\n"
 
 
@@ -512,6 +559,8 @@ def main(argv=None):
                     "cache's own (int8 by dim, fp8 by token)")
     ap.add_argument("--kv8-dtypes", default=",".join(DTYPES[1:]), help="with --quick: comma-separated 8-bit rows to "
                     f"time (of {', '.join(DTYPES[1:])}; bf16 always runs, the ratios' reference)")
+    ap.add_argument("--stage-times", action="store_true", help="also time each stage's kernel per call with the "
+                    "profiler (columns stage 1 / stage 2 us; the rest of a call's time is launch gaps and ramps)")
     ap.add_argument("--calls-per-graph", type=int, default=1, metavar="N",
                     help="1: one call per graph replay, L2 flushed by do_bench before each (the default); N > 1: a "
                     "graph of N calls on N different page sets, per-call time (as layers follow each other in a "
@@ -624,6 +673,8 @@ def main(argv=None):
                      # the launcher's own split plan under this run's entry
                      splits=with_params(run_config, lambda: _plan(batch, HQ, HKV, D, c["q"].device, None,
                                                                   dtype != "bf16")[1]))
+            if args.stage_times:
+                r.update(with_params(run_config, lambda: stage_times([ours_fn(cc) for cc in cases])))
             if dtype == "bf16":
                 ours_bf16[(batch, ctx)] = us
                 if ua is not None:
@@ -657,6 +708,7 @@ def main(argv=None):
                 (f" --v-layouts {args.v_layouts}" if v_layouts else "") +
                 (f" --kv8-dtypes {args.kv8_dtypes}" if kv8_dtypes != DTYPES[1:] else "") +
                 (f" --calls-per-graph {n_calls}" if n_calls != 1 else "") +
+                (" --stage-times" if args.stage_times else "") +
                 "".join(f" --{k} {','.join(map(str, v))}" for k, v in shape_filter.items()),
                 seconds=round(time.time() - t_start),
                 suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))
