@@ -647,6 +647,7 @@ def test_bench_times_graphs_of_calls_shape_by_shape_with_v_by_dim_rows(tmp_path,
 @pytest.mark.parametrize("args,match", [(["--v-layouts", "tile"], "--v-layouts wants token and/or dim"),
                                         (["--v-layouts", "dim,dim"], "--v-layouts wants"),
                                         (["--calls-per-graph", "0"], "--calls-per-graph wants 1..64"),
+                                        (["--merge-splits", "48"], "--merge-splits wants a power of two"),
                                         (["--kv8-dtypes", "int4_pth"], "--kv8-dtypes wants some of"),
                                         (["--kv8-dtypes", "int8_pth"], "--kv8-dtypes needs --quick")])
 def test_bench_rejects_bad_timing_options_with_one_line(args, match):

@@ -52,6 +52,7 @@ import triton
 from ..gemv.dispatch import time_on_device
 from ..kv_quant.layout import V_BY_DIM, kv_cache_shape, split_kv_cache
 from . import launch_params
+from . import decode_attention as decode_attention_module
 from .decode_attention import _plan, decode_attention, workspace_numel
 from ..results_io import save_figure, write_text
 
@@ -561,6 +562,8 @@ def main(argv=None):
                     f"time (of {', '.join(DTYPES[1:])}; bf16 always runs, the ratios' reference)")
     ap.add_argument("--stage-times", action="store_true", help="also time each stage's kernel per call with the "
                     "profiler (columns stage 1 / stage 2 us; the rest of a call's time is launch gaps and ramps)")
+    ap.add_argument("--merge-splits", type=int, metavar="N", help="splits stage 2 merges per loop step (a power of "
+                    "two, 16-256) instead of the kernel's own (decode_attention._MERGE_SPLITS)")
     ap.add_argument("--calls-per-graph", type=int, default=1, metavar="N",
                     help="1: one call per graph replay, L2 flushed by do_bench before each (the default); N > 1: a "
                     "graph of N calls on N different page sets, per-call time (as layers follow each other in a "
@@ -602,6 +605,10 @@ def main(argv=None):
                  f"got {args.kv8_dtypes!r}")
     if kv8_dtypes != DTYPES[1:] and not args.quick:
         sys.exit("error: --kv8-dtypes needs --quick (the sweep times every dtype)")
+    if args.merge_splits is not None:
+        if args.merge_splits not in (16, 32, 64, 128, 256):
+            sys.exit(f"error: --merge-splits wants a power of two in 16..256, got {args.merge_splits}")
+        decode_attention_module._MERGE_SPLITS = args.merge_splits
     if not 1 <= args.calls_per_graph <= 64:
         sys.exit(f"error: --calls-per-graph wants 1..64, got {args.calls_per_graph}")
     if args.summary:
@@ -709,6 +716,7 @@ def main(argv=None):
                 (f" --kv8-dtypes {args.kv8_dtypes}" if kv8_dtypes != DTYPES[1:] else "") +
                 (f" --calls-per-graph {n_calls}" if n_calls != 1 else "") +
                 (" --stage-times" if args.stage_times else "") +
+                (f" --merge-splits {args.merge_splits}" if args.merge_splits else "") +
                 "".join(f" --{k} {','.join(map(str, v))}" for k, v in shape_filter.items()),
                 seconds=round(time.time() - t_start),
                 suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))
