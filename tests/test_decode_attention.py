@@ -250,6 +250,24 @@ def test_int8_qk_across_the_value_range(params, v_mag, k_mag, kv8):
     assert_rel_close(run(case, num_splits=3), reference(case))
 
 
+@pytest.mark.parametrize("kv_quant,kv8", [("int8", {"int8_qk": 1, "page_loop": 1}), ("fp8", {"page_loop": 1}),
+                                          ("fp8", {})])
+def test_q_loaded_after_the_split_check_gives_the_same_output(params, kv_quant, kv8):
+    # launch key q_early 0: an 8-bit program loads q only once it knows its split has work (as bf16 does); more grid
+    # splits than the short sequence has tiles, so some programs return at once, and a padded slot (length 0)
+    case = make_case([3, 70, 0, 45], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant=kv_quant, seed=8)
+    params(kv8={**kv8, "BLOCK_N": 16})
+    early = run(case, num_splits=4)
+    params(kv8={**kv8, "BLOCK_N": 16, "q_early": 0})
+    late = run(case, num_splits=4)
+    assert torch.equal(early, late)
+    assert_close(late, reference(case), torch.bfloat16)
+    # the key reaches the kernel (8-bit only: 16-bit caches always load q after the check)
+    from kernels.decode_attention.decode_attention import split_kernel_launch
+    assert [split_kernel_launch({"BLOCK_N": 16, **kw}, 32, quant)[0]["Q_EARLY"]
+            for kw, quant in (({}, 2), ({"q_early": 0}, 2), ({}, 1), ({}, 0))] == [True, False, True, False]
+
+
 @pytest.mark.parametrize("q_scale", [3e4, 1e-4])
 def test_int8_qk_takes_queries_of_any_scale(params, q_scale):
     params(kv8={"int8_qk": 1})
@@ -475,6 +493,8 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     ('{"num_warps": true}', "num_warps must be a positive integer"),
     ('{"kv8": {"int8_qk": 2}}', "kv8.int8_qk must be 0 or 1"),
     ('{"kv16": {"int8_qk": 1}}', "int8_qk applies to kv8 only"),
+    ('{"kv8": {"q_early": 2}}', "kv8.q_early must be 0 or 1"),
+    ('{"kv16": {"q_early": 0}}', "q_early applies to kv8 only"),
     ('{"split_round": "nearest"}', 'kv16.split_round must be "up" or "down"'),
     ('{"kv8": {"int8": {"split_round": "up"}}}', "'kv8.int8' must be an object with keys from"),  # the host plan
     ('{"kv8": {"int8": 2}}', "'kv8.int8' must be an object with keys from"),

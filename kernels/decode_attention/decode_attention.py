@@ -329,7 +329,7 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_GE_TILE: tl.constexpr,
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
     K_PURE: tl.constexpr = False, V_PURE: tl.constexpr = False, PAGE_LOOP: tl.constexpr = False,
-    INT8_QK: tl.constexpr = False, INT8_PV: tl.constexpr = False,
+    INT8_QK: tl.constexpr = False, INT8_PV: tl.constexpr = False, Q_EARLY: tl.constexpr = False,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -346,7 +346,7 @@ def _decode_split_kernel(
 
     q_ptrs = q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :]
     seq_len = tl.load(seq_lens_ptr + seq)
-    if KV_QUANT != 0:
+    if Q_EARLY:
         # 8-bit caches work on q before the KV loop (its int8 pair or power-of-two scale): q's load goes out with
         # seq_len's (its address does not depend on it; every row of the batch is valid memory), so the two
         # latencies overlap (H200: 0.92-0.96x the int8 time with the page-ahead block-table read below; bf16, which
@@ -363,7 +363,7 @@ def _decode_split_kernel(
         return
     if split >= n_splits:
         return
-    if KV_QUANT == 0:
+    if not Q_EARLY:
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)
 
     bt_row = block_table_ptr + seq * stride_btb
@@ -532,7 +532,8 @@ def split_kernel_launch(launch: dict, block_size: int, kv_quant: int, v_by_dim: 
                   PAGE_LOOP=bool(options.pop("page_loop", defaults["page_loop"])) and block_size >= block_n,
                   K_PURE=early_convert < 2, V_PURE=early_convert < 1,
                   INT8_QK=bool(options.pop("int8_qk", defaults["int8_qk"])) and kv_quant == 2,
-                  INT8_PV=kv_quant == 2 and v_by_dim)
+                  INT8_PV=kv_quant == 2 and v_by_dim,
+                  Q_EARLY=bool(options.pop("q_early", defaults["q_early"])) and kv_quant != 0)
     return consts, options
 
 

@@ -22,6 +22,9 @@ Keys of an entry:
               q's per-row int8 pair (q = sq (hi + lo / 256), two dots) with K's raw codes, so K is never
               converted; V as before. On in sm90's entry (0.95x the fp16 path's time for int8, measured);
               off on the DCU until measured there (its int8 MFMA is what it is for);
+              q_early (0/1, kv8 only; default 1): q's load goes out with seq_len's, before the program knows
+              whether its split has work (a split past the sequence's last returns at once); 0 loads q after that
+              check, as kv16 does;
               page_loop (0/1): pages in an outer loop (one block-table read per page), the page's tiles
               in an inner one that the pipeliner can buffer num_stages - 1 tiles deep (with the page
               read inside the tile loop it keeps one tile in flight whatever num_stages says); tiles
@@ -51,15 +54,16 @@ ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
 _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
-                "page_loop", "split_round", "int8_qk")
+                "page_loop", "split_round", "int8_qk", "q_early")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 _WIDTH_SPLIT_KEYS = ("programs_per_cu", "min_split_tokens")  # split keys a kv16 / kv8 entry may set for its own plan
 # launch keys that take one of a few values: (allowed, how the error names them)
 _CHOICES = {"early_convert": ((0, 1, 2), "0, 1 or 2"), "int8_qk": ((0, 1), "0 or 1"), "page_loop": ((0, 1), "0 or 1"),
+            "q_early": ((0, 1), "0 or 1"),
             "split_round": (("up", "down"), '"up" or "down"')}
-_KV8_ONLY = ("early_convert", "int8_qk")
+_KV8_ONLY = ("early_convert", "int8_qk", "q_early")
 # what the launcher (decode_attention.split_kernel_launch, _plan) takes for a launch key an entry leaves out
-LAUNCH_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_round": "up"}
+LAUNCH_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_round": "up", "q_early": 1}
 # kv8 only: launch options for int8 caches, merged over the kv8 entry (which fp8 caches take as it is); only what
 # leaves the host's split plan alone (the workspace is sized for kv8 without knowing the cache's kind), and not
 # int8_qk (int8-only already)
