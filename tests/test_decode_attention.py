@@ -268,6 +268,19 @@ def test_q_loaded_after_the_split_check_gives_the_same_output(params, kv_quant, 
             for kw, quant in (({}, 2), ({"q_early": 0}, 2), ({}, 1), ({}, 0))] == [True, False, True, False]
 
 
+@pytest.mark.parametrize("kv_quant,kv8", [(None, {}), ("int8", {"int8_qk": 1, "page_loop": 1}), ("fp8", {"page_loop": 1}),
+                                          ("fp8", {})])
+def test_even_splits_match_the_reference(params, kv_quant, kv8):
+    # launch key even_splits 1: 112 tokens = 7 tiles of 16 over 5 wanted splits are 2, 2, 1, 1, 1 tiles (cdiv's plan:
+    # 4 splits of 2, 2, 2, 1); 3 tokens want 3 splits and get 1 (one tile); 0 = a padded slot
+    case = make_case([112, 3, 0, 70], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant=kv_quant, seed=9)
+    width = "kv8" if kv_quant else "kv16"
+    params(**{width: {**kv8, "BLOCK_N": 16, "even_splits": 1}})
+    assert_close(run(case, num_splits=5), reference(case), torch.bfloat16)
+    params(**{width: {**kv8, "BLOCK_N": 16, "even_splits": 1}}, min_split_tokens=16)  # the host's own plan
+    assert_close(run(case), reference(case), torch.bfloat16)
+
+
 @pytest.mark.parametrize("q_scale", [3e4, 1e-4])
 def test_int8_qk_takes_queries_of_any_scale(params, q_scale):
     params(kv8={"int8_qk": 1})
@@ -495,6 +508,7 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     ('{"kv16": {"int8_qk": 1}}', "int8_qk applies to kv8 only"),
     ('{"kv8": {"q_early": 2}}', "kv8.q_early must be 0 or 1"),
     ('{"kv16": {"q_early": 0}}', "q_early applies to kv8 only"),
+    ('{"kv16": {"even_splits": 2}}', "kv16.even_splits must be 0 or 1"),
     ('{"split_round": "nearest"}', 'kv16.split_round must be "up" or "down"'),
     ('{"kv8": {"int8": {"split_round": "up"}}}', "'kv8.int8' must be an object with keys from"),  # the host plan
     ('{"kv8": {"int8": 2}}', "'kv8.int8' must be an object with keys from"),

@@ -99,11 +99,30 @@ def _num_tiles(seq_len, block_size, BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constex
 
 
 @triton.jit
-def _split_range(seq_len, n_tiles, max_splits, min_split_tokens):
-    """Tiles per split and number of non-empty splits of one sequence (both stages agree)."""
-    want = tl.minimum(tl.cdiv(seq_len, min_split_tokens), max_splits)
-    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, tl.maximum(want, 1)), 1)
-    return tiles_per_split, tl.cdiv(n_tiles, tiles_per_split)
+def _split_range(seq_len, n_tiles, max_splits, min_split_tokens, EVEN: tl.constexpr):
+    """Tiles per split and number of non-empty splits of one sequence (both stages agree). EVEN (launch key
+    even_splits): min(wanted, tiles) splits, the first n_tiles % n_splits of them one tile longer than the
+    returned count (_split_tiles); else every split takes cdiv(tiles, wanted) tiles, which can leave fewer splits
+    than wanted with work (137 tiles over 66 wanted splits: 46 of 3 tiles)."""
+    want = tl.maximum(tl.minimum(tl.cdiv(seq_len, min_split_tokens), max_splits), 1)
+    if EVEN:
+        n_splits = tl.maximum(tl.minimum(want, n_tiles), 1)
+        return n_tiles // n_splits, n_splits
+    else:
+        tiles_per_split = tl.maximum(tl.cdiv(n_tiles, want), 1)
+        return tiles_per_split, tl.cdiv(n_tiles, tiles_per_split)
+
+
+@triton.jit
+def _split_tiles(split, tiles_per_split, n_splits, n_tiles, EVEN: tl.constexpr):
+    """[first, end) tiles of one split under _split_range's plan."""
+    if EVEN:
+        longer = n_tiles - tiles_per_split * n_splits  # the first `longer` splits take one tile more
+        start = split * tiles_per_split + tl.minimum(split, longer)
+        return start, start + tiles_per_split + (split < longer).to(tl.int32)
+    else:
+        start = split * tiles_per_split
+        return start, tl.minimum(start + tiles_per_split, n_tiles)
 
 
 # Codes become fp16 bit patterns: e4m3 -> value * 2^-8 (subnormals included), int8 -> value * 2^-7.
@@ -330,6 +349,7 @@ def _decode_split_kernel(
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
     K_PURE: tl.constexpr = False, V_PURE: tl.constexpr = False, PAGE_LOOP: tl.constexpr = False,
     INT8_QK: tl.constexpr = False, INT8_PV: tl.constexpr = False, Q_EARLY: tl.constexpr = False,
+    EVEN_SPLITS: tl.constexpr = False,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -353,7 +373,7 @@ def _decode_split_kernel(
         # only needs q in the loop, ran 1.04-1.09x slower at batch 1 with it, so it loads q after the checks)
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)
     n_tiles = _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP)
-    tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens)
+    tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens, EVEN_SPLITS)
 
     if seq_len <= 0:
         # padded batch slot (CUDA graphs): defined output, no KV reads
@@ -367,8 +387,7 @@ def _decode_split_kernel(
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)
 
     bt_row = block_table_ptr + seq * stride_btb
-    tile_start = split * tiles_per_split
-    tile_end = tl.minimum(tile_start + tiles_per_split, n_tiles)
+    tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, EVEN_SPLITS)
     if PAGE_LOOP:
         # the split's first block-table entry is read before q is worked on below, so its latency overlaps that work
         tiles_per_page = tl.cdiv(block_size, BLOCK_N)
@@ -471,14 +490,14 @@ def _merge_splits_kernel(
     max_splits, min_split_tokens, num_q_heads, block_size,
     stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_DM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr,
-    MERGE: tl.constexpr,
+    MERGE: tl.constexpr, EVEN_SPLITS: tl.constexpr = False,
 ):  # fmt: skip
     seq = tl.program_id(0)
     head = tl.program_id(1)
     d_chunk = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     _, n_splits = _split_range(seq_len, _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), max_splits,
-                               min_split_tokens)
+                               min_split_tokens, EVEN_SPLITS)
     if n_splits <= 1:
         return  # stage 1 wrote the output (or zeros for an empty slot)
 
@@ -533,7 +552,8 @@ def split_kernel_launch(launch: dict, block_size: int, kv_quant: int, v_by_dim: 
                   K_PURE=early_convert < 2, V_PURE=early_convert < 1,
                   INT8_QK=bool(options.pop("int8_qk", defaults["int8_qk"])) and kv_quant == 2,
                   INT8_PV=kv_quant == 2 and v_by_dim,
-                  Q_EARLY=bool(options.pop("q_early", defaults["q_early"])) and kv_quant != 0)
+                  Q_EARLY=bool(options.pop("q_early", defaults["q_early"])) and kv_quant != 0,
+                  EVEN_SPLITS=bool(options.pop("even_splits", defaults["even_splits"])))
     return consts, options
 
 
@@ -638,6 +658,6 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         _merge_splits_kernel[(batch, hq, triton.cdiv(d, block_dm))](
             ws_o, ws_lse, seq_lens, out, splits, min_split, hq, block_size, out.stride(0), out.stride(1),
             HEAD_DIM=d, BLOCK_DM=block_dm, BLOCK_N=consts["BLOCK_N"], PAGE_LOOP=consts["PAGE_LOOP"],
-            MERGE=_MERGE_SPLITS, num_warps=4,
+            MERGE=_MERGE_SPLITS, EVEN_SPLITS=consts["EVEN_SPLITS"], num_warps=4,
         )  # fmt: skip
     return out

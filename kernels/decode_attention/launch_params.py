@@ -22,6 +22,10 @@ Keys of an entry:
               q's per-row int8 pair (q = sq (hi + lo / 256), two dots) with K's raw codes, so K is never
               converted; V as before. On in sm90's entry (0.95x the fp16 path's time for int8, measured);
               off on the DCU until measured there (its int8 MFMA is what it is for);
+              even_splits (0/1): how a sequence's tiles spread over its splits (on the device, both stages): 0
+              every split takes cdiv(tiles, wanted splits) tiles, so fewer splits than wanted may get work (int8 at
+              batch 1 x 16K: 137 tiles of 128 over 66 wanted, 46 splits of 3); 1 min(wanted, tiles) splits whose
+              lengths differ by at most one tile;
               q_early (0/1, kv8 only; default 1): q's load goes out with seq_len's, before the program knows
               whether its split has work (a split past the sequence's last returns at once); 0 loads q after that
               check, as kv16 does;
@@ -54,16 +58,17 @@ ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
 _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
-                "page_loop", "split_round", "int8_qk", "q_early")
+                "page_loop", "split_round", "int8_qk", "q_early", "even_splits")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 _WIDTH_SPLIT_KEYS = ("programs_per_cu", "min_split_tokens")  # split keys a kv16 / kv8 entry may set for its own plan
 # launch keys that take one of a few values: (allowed, how the error names them)
 _CHOICES = {"early_convert": ((0, 1, 2), "0, 1 or 2"), "int8_qk": ((0, 1), "0 or 1"), "page_loop": ((0, 1), "0 or 1"),
-            "q_early": ((0, 1), "0 or 1"),
+            "q_early": ((0, 1), "0 or 1"), "even_splits": ((0, 1), "0 or 1"),
             "split_round": (("up", "down"), '"up" or "down"')}
 _KV8_ONLY = ("early_convert", "int8_qk", "q_early")
 # what the launcher (decode_attention.split_kernel_launch, _plan) takes for a launch key an entry leaves out
-LAUNCH_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_round": "up", "q_early": 1}
+LAUNCH_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_round": "up", "q_early": 1,
+                   "even_splits": 0}
 # kv8 only: launch options for int8 caches, merged over the kv8 entry (which fp8 caches take as it is); only what
 # leaves the host's split plan alone (the workspace is sized for kv8 without knowing the cache's kind), and not
 # int8_qk (int8-only already)
