@@ -61,8 +61,10 @@ class DcuTritonAttentionMetadata(TritonAttentionMetadata):
     decode_only: bool = False  # every request has one query token: use the split-KV kernel
     decode_workspace: torch.Tensor | None = None
     # mixed batches: the first num_mixed_decodes requests have one query token each (they take the split-KV kernel
-    # with seq_lens[:num_mixed_decodes]); mixed_rest is TRITON_ATTN's metadata of the other requests
+    # with mixed_decode_seq_lens = seq_lens[:num_mixed_decodes], sliced once per step, not per layer); mixed_rest is
+    # TRITON_ATTN's metadata of the other requests
     num_mixed_decodes: int = 0
+    mixed_decode_seq_lens: torch.Tensor | None = None
     mixed_rest: TritonAttentionMetadata | None = None
 
 
@@ -105,6 +107,7 @@ class DcuTritonAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
             decode_only=decode_only,
             decode_workspace=self.decode_workspace,
             num_mixed_decodes=num_decodes,
+            mixed_decode_seq_lens=base.seq_lens[:num_decodes] if rest is not None else None,
             mixed_rest=rest,
         )
 
@@ -180,7 +183,7 @@ class DcuTritonAttentionImpl(TritonAttentionImpl):
             return output
         # mixed batch: the leading one-token requests here, the rest through TRITON_ATTN with its own metadata
         n = attn_metadata.num_mixed_decodes
-        self._decode_rows(query, kv_cache, attn_metadata, attn_metadata.seq_lens[:n], output)
+        self._decode_rows(query, kv_cache, attn_metadata, attn_metadata.mixed_decode_seq_lens, output)
         super().forward(layer, query[n:], key, value, kv_cache, attn_metadata.mixed_rest, output[n:])
         return output
 

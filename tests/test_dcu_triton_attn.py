@@ -138,10 +138,13 @@ def test_builder_splits_the_leading_decode_rows_off_a_mixed_batch(backend_mod, m
     for t in (rest.seq_lens, rest.block_table):
         assert t.storage_offset() == 0 and t.is_contiguous()
     assert rest.block_table.data_ptr() != cm.block_table_tensor.data_ptr()
+    # the decode rows' lengths, sliced once for every layer of the step (at offset 0: aligned as seq_lens is)
+    assert meta.mixed_decode_seq_lens.tolist() == [40, 3]
+    assert meta.mixed_decode_seq_lens.data_ptr() == meta.seq_lens.data_ptr()
     # nothing to split: a prefill first, a prefill-only batch, decode-only batches
     for qlens in ([5, 1, 1], [4, 6], [1, 1, 1]):
         other = builder.build(0, common_metadata(qlens, [40, 30, 20][: len(qlens)]))
-        assert other.num_mixed_decodes == 0 and other.mixed_rest is None
+        assert other.num_mixed_decodes == 0 and other.mixed_rest is None and other.mixed_decode_seq_lens is None
     # off by env (read when the builder is made)
     monkeypatch.setenv("VLLM_DCU_MIXED_DECODE_ROWS", "0")
     off = make_builder(backend_mod, max_num_seqs=8).build(0, cm)
