@@ -126,8 +126,15 @@ PARAMS = {
         # 2 programs per SM), 0.967 / 0.974x the previous int8 time in two calls (batch 64 0.92-0.93x); around it
         # 8 warps 1.45x, 3 stages 1.11x, BLOCK_N 256 x 8 warps 1.39x, BLOCK_N 64 x 4 stages 1.07x
         # (bench/results/2026-12-03-h200-device-runs-9.md, calls A and B)
+        # even_splits 1 (2026-12-03, sixteenth session): a sequence's tiles spread over min(wanted, tiles) splits of
+        # equal length +-1 tile, where cdiv's plan gave int8's 128-token tiles at batch 1 x 16K to 46 of 66 wanted
+        # splits: 0.969 / 0.976 / 0.986x the entry's time for int8 / fp8 hardware / software (geomean over batch
+        # 1/4/16/64 x 4-32K, one call; int8 / bf16 at batch 1 0.819 -> 0.775, batch 4 0.633 -> 0.604). Not for kv16:
+        # bf16 with it took 1.03-1.07x at batch 4 (bench/results/2026-12-03-nvidia-h200-decode-attention-stages.md,
+        # -even-all.md); q_early 0 in the same call: 1.004-1.019x, so 8-bit q keeps its early load
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
-                "split_round": "down", "int8_qk": 1, "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}},
+                "split_round": "down", "int8_qk": 1, "even_splits": 1,
+                "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}},
     },
     "gfx936": dict(_DCU),
     "gfx928": dict(_DCU),
