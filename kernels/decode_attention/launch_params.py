@@ -28,7 +28,7 @@ Keys of an entry:
               lengths differ by at most one tile;
               q_early (0/1, kv8 only; default 1): q's load goes out with seq_len's, before the program knows
               whether its split has work (a split past the sequence's last returns at once); 0 loads q after that
-              check, as kv16 does;
+              check, as kv16 does (H200, sm90's entry: 1.004-1.019x the 8-bit time with 0, so no entry sets it);
               page_loop (0/1): pages in an outer loop (one block-table read per page), the page's tiles
               in an inner one that the pipeliner can buffer num_stages - 1 tiles deep (with the page
               read inside the tile loop it keeps one tile in flight whatever num_stages says); tiles
