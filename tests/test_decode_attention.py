@@ -268,8 +268,8 @@ def test_q_loaded_after_the_split_check_gives_the_same_output(params, kv_quant, 
             for kw, quant in (({}, 2), ({"q_early": 0}, 2), ({}, 1), ({}, 0))] == [True, False, True, False]
 
 
-@pytest.mark.parametrize("kv_quant,kv8", [(None, {}), ("int8", {"int8_qk": 1, "page_loop": 1}), ("fp8", {"page_loop": 1}),
-                                          ("fp8", {})])
+@pytest.mark.parametrize("kv_quant,kv8", [(None, {}), ("int8", {"int8_qk": 1, "page_loop": 1}),
+                                          ("fp8", {"page_loop": 1}), ("fp8", {})])
 def test_even_splits_match_the_reference(params, kv_quant, kv8):
     # launch key even_splits 1: 112 tokens = 7 tiles of 16 over 5 wanted splits are 2, 2, 1, 1, 1 tiles (cdiv's plan:
     # 4 splits of 2, 2, 2, 1); 3 tokens want 3 splits and get 1 (one tile); 0 = a padded slot

@@ -248,8 +248,9 @@ STAGE_KERNELS = (("stage1_us", "_decode_split_kernel"), ("stage2_us", "_merge_sp
 
 def stage_times(fns, reps=20):
     """Device time per call of each stage's kernel (stage 1: the splits, stage 2: their merge), from the profiler
-    over replays of a graph of ``fns`` (one call each, as time_calls captures them); what the call's time has beyond
-    the two is launch gaps and the stages' ramp-up and tail. {} on the CPU, or where the profiler sees no kernels."""
+    over replays of a graph of ``fns`` (one call each, as time_calls captures them; no L2 flush between replays, also
+    where --calls-per-graph 1 times with do_bench's flush); what the call's time has beyond the two is launch gaps
+    and the stages' ramp-up and tail. {} on the CPU, or where the profiler sees no kernels."""
     if DEV == "cpu":
         return {}
     from torch.profiler import ProfilerActivity, profile

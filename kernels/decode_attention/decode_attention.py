@@ -13,8 +13,8 @@ log-sum-exp; at batch 1 that is 96 short programs instead of 24 long ones.
 The grid is (batch, kv heads, max_splits) with max_splits chosen on the host from the batch size
 and the number of compute units only; each program computes its own split range from its
 sequence's length (launch key even_splits: the tiles spread evenly over min(wanted, tiles) splits; else
-cdiv(tiles, wanted) tiles per split, which can leave wanted splits without work). So nothing is read back from the device and a captured CUDA/HIP graph is valid
-for any context length.
+cdiv(tiles, wanted) tiles per split, which can leave wanted splits without work). So nothing is read back from
+the device and a captured CUDA/HIP graph is valid for any context length.
 
 Quantized caches (docs/kv-cache-layout.md, kv_quant "fp8" or "int8"): the uint8 codes become fp16
 (e4m3 value / 256, int8 value / 128: exact, e4m3 subnormals included) and both products run in
