@@ -12,6 +12,7 @@ import pytest
 import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+import dcu_backend_fakes  # noqa: E402
 import triton_interp_compat  # noqa: E402,F401
 
 from dcu import prefill_attention as route  # noqa: E402
@@ -190,27 +191,7 @@ def test_router_passes_the_engine_mirror_size_to_the_kernel(monkeypatch):
 # --- through the patched tree ----------------------------------------------------------------------
 
 def fake_vllm_config(cache_dtype="auto"):
-    from vllm.config import CUDAGraphMode
-
-    model = types.SimpleNamespace(get_num_attention_heads=lambda pc: HQ, get_num_kv_heads=lambda pc: HKV,
-                                  get_head_size=lambda: D, dtype=torch.bfloat16, max_model_len=40000)
-    return types.SimpleNamespace(
-        model_config=model, parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),
-        compilation_config=types.SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
-                                                 cudagraph_capture_sizes=[1, 2, 4]),
-        scheduler_config=types.SimpleNamespace(max_num_seqs=8), cache_config=types.SimpleNamespace(cache_dtype=cache_dtype),
-        speculative_config=None)
-
-
-def common_metadata(query_lens, seq_lens, table):
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    qsl = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0)), dtype=torch.int32)
-    n_tok = int(qsl[-1])
-    return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        num_reqs=len(seq_lens), num_actual_tokens=n_tok, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-        block_table_tensor=table, slot_mapping=torch.zeros(n_tok, dtype=torch.int64))
+    return dcu_backend_fakes.fake_vllm_config(HQ, HKV, D, cache_dtype=cache_dtype, max_model_len=40000)
 
 
 @pytest.fixture
@@ -253,10 +234,10 @@ def test_mixed_batch_through_the_backend_reaches_the_kernel_and_matches_referenc
     kv_cache = torch.randn(12, 2, BS, HKV, D, generator=g).to(torch.bfloat16)
     table = torch.randperm(12, generator=g)[:9].to(torch.int32).view(3, 3)
     builder = builder_cls(types.SimpleNamespace(block_size=BS), ["layer.0"], fake_vllm_config(), torch.device("cpu"))
-    meta = builder.build(0, common_metadata(query_lens, seq_lens, table))
+    meta = builder.build(0, dcu_backend_fakes.common_metadata(query_lens, seq_lens, table))
     q = torch.randn(16, HQ, D, generator=g).to(torch.bfloat16)  # one padding row past the batch
     out = torch.full_like(q, float("nan"))
-    layer = types.SimpleNamespace(_k_scale=torch.ones(1), _v_scale=torch.ones(1), _q_scale_float=1.0)
+    layer = dcu_backend_fakes.attention_layer()
     impl = impl_cls(num_heads=HQ, head_size=D, scale=D**-0.5, num_kv_heads=HKV, alibi_slopes=None,
                     sliding_window=None, kv_cache_dtype="auto")
     impl.forward(layer, q, None, None, kv_cache, meta, output=out)
@@ -281,9 +262,9 @@ def test_sliding_window_layer_keeps_upstream(kernel_calls, monkeypatch):
     table = torch.arange(8, dtype=torch.int32).view(2, 4)
     builder = triton_attn.TritonAttentionMetadataBuilder(types.SimpleNamespace(block_size=BS), ["layer.0"],
                                                          fake_vllm_config(), torch.device("cpu"))
-    meta = builder.build(0, common_metadata([5, 1], [20, 9], table))
+    meta = builder.build(0, dcu_backend_fakes.common_metadata([5, 1], [20, 9], table))
     q = torch.randn(6, HQ, D, generator=g).to(torch.bfloat16)
-    layer = types.SimpleNamespace(_k_scale=torch.ones(1), _v_scale=torch.ones(1), _q_scale_float=1.0)
+    layer = dcu_backend_fakes.attention_layer()
     for window in (8, None):  # a sliding-window layer, then a plain one
         impl = triton_attn.TritonAttentionImpl(num_heads=HQ, head_size=D, scale=D**-0.5, num_kv_heads=HKV,
                                                alibi_slopes=None, sliding_window=window, kv_cache_dtype="auto")
@@ -346,7 +327,7 @@ def test_8bit_cache_written_by_the_backend_and_read_by_the_kernel_matches_refere
     builder = triton_attn.TritonAttentionMetadataBuilder(types.SimpleNamespace(block_size=BS), ["layer.0"],
                                                          fake_vllm_config(f"{kind}_per_token_head"),
                                                          torch.device("cpu"))
-    meta = builder.build(0, common_metadata(query_lens, seq_lens, table))
+    meta = builder.build(0, dcu_backend_fakes.common_metadata(query_lens, seq_lens, table))
     q = torch.randn(72, HQ, D, generator=g).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"))
     impl.forward(layer, q, None, None, cache, meta, output=out)
