@@ -228,16 +228,24 @@ def time_calls(fns, reps=20):
                           warmup_s=0.05)["calls"]
 
 
+def graph_of(fns):
+    """A CUDA/HIP graph of one call of each fn, in order (each runs once before the capture: Triton compiles there)."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    return g
+
+
 def time_graph(fn, rep=100):
     if DEV == "cpu":
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    g = graph_of([fn])
     ms = triton.testing.do_bench(g.replay, warmup=20, rep=rep, return_mode="median")
     del g
     return ms * 1e3  # us
@@ -255,13 +263,7 @@ def stage_times(fns, reps=20):
         return {}
     from torch.profiler import ProfilerActivity, profile
 
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
+    g = graph_of(fns)
     for _ in range(5):
         g.replay()
     torch.cuda.synchronize()
