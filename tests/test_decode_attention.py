@@ -3,6 +3,7 @@
 Runs in the Triton CPU interpreter at small shapes (head_dim 32, a few heads); the full Qwen3.5
 shapes run on a GPU in tests/gpu/test_decode_attention_gpu.py.
 """
+import importlib
 import json
 import math
 import os
@@ -281,6 +282,88 @@ def test_even_splits_match_the_reference(params, kv_quant, kv8):
     assert_close(run(case), reference(case), torch.bfloat16)
 
 
+def balanced_split_counts(lens, programs, max_splits, min_split_tokens, block_n):
+    """What launch key balance gives each sequence (plain tiles of block_n, no page loop), in Python."""
+    tiles = [-(-n // block_n) if n > 0 else 0 for n in lens]
+    total = max(1, sum(tiles))
+
+    def counts(share):
+        return [max(1, min(-(-share * t // total), t, -(-n // min_split_tokens), max_splits))
+                for n, t in zip(lens, tiles)]
+    need = sum(counts(programs))
+    return counts(programs if need <= programs else max(2 * programs - need, 1))
+
+
+@pytest.mark.parametrize("kv_quant,kv8", [(None, {}), ("int8", {"int8_qk": 1, "page_loop": 1}),
+                                          ("fp8", {"page_loop": 1}), ("fp8", {})])
+@pytest.mark.parametrize("split_round,chunk", [("up", 256), ("down", 2)])
+def test_balanced_plan_matches_the_reference_for_mixed_lengths(params, monkeypatch, kv_quant, kv8, split_round, chunk):
+    # launch key balance: one long sequence, short ones and a padded slot (0) share 21 or 28 programs per kv head;
+    # chunk 2 reads the lengths two at a time (the loop a batch beyond 256 takes), the programs numbered on across
+    # chunks
+    monkeypatch.setattr(importlib.import_module("kernels.decode_attention.decode_attention"), "_BATCH_CHUNK", chunk)
+    case = make_case([300, 3, 0, 70, 17, 5, 200], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16,
+                     kv_quant=kv_quant, seed=9)
+    width = "kv8" if kv_quant else "kv16"
+    params(**{width: {**kv8, "BLOCK_N": 16, "balance": 1, "split_round": split_round}}, min_split_tokens=16,
+           programs_per_cu=48, max_splits=16)
+    out = run(case)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    assert_close(out, reference(case), torch.bfloat16)
+    # fewer tiles (2 + 1 + 3) than programs (24 or 21): no sequence gets more splits than tiles (an empty split's
+    # partial would be 0 / 0); batch 1 and forced splits take the plan without balance in the same kernel
+    short = make_case([20, 3, 40], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant=kv_quant, seed=3)
+    assert_close(run(short), reference(short), torch.bfloat16)
+    one = make_case([300], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant=kv_quant, seed=2)
+    assert_close(run(one), reference(one), torch.bfloat16)
+    assert_close(run(case, num_splits=3), reference(case), torch.bfloat16)
+
+
+@pytest.mark.parametrize("split_round,programs,want", [("up", 28, [10, 1, 1, 4, 2, 1, 9]),
+                                                       ("down", 21, [8, 1, 1, 3, 1, 1, 6])])
+def test_balanced_plan_gives_each_sequence_its_share_of_the_programs(params, split_round, programs, want):
+    # the plan without balance gives each of the 7 sequences 4 (up) or 3 (down) of the 48 / 2 programs per kv head;
+    # balance gives each sequence (19, 1, 0, 5, 2, 1, 13 tiles of 16 tokens) its part of them by tiles, rounded up
+    # (28: 28 programs, max_splits 10 capping the first; 21: that would take 25, so the parts are of 21 - 4 = 17);
+    # the workspace rows stage 1 writes are the splits of every sequence of more than one, in batch order from row 0
+    # of each kv head
+    lens = [300, 3, 0, 70, 17, 5, 200]
+    hq, hkv, d = 12, 2, 32
+    params(kv16={"BLOCK_N": 16, "balance": 1, "split_round": split_round}, min_split_tokens=16, programs_per_cu=48,
+           max_splits=10)
+    case = make_case(lens, block_size=32, hkv=hkv, hq=hq, dtype=torch.bfloat16, seed=4)
+    need = workspace_numel(len(lens), hq, hkv, d, "cpu")
+    assert need == (programs + len(lens)) * hq * (d + 1)  # rounding up adds less than one program per sequence
+    ws = torch.full((need,), float("nan"))
+    assert_close(run(case, workspace=ws), reference(case), torch.bfloat16)
+    counts = balanced_split_counts(lens, programs, 10, 16, 16)
+    assert counts == want
+    lse = ws[-(programs + len(lens)) * hq:].view(-1, hq)
+    written, first = torch.zeros(lse.shape[0], dtype=torch.bool), 0
+    for n in counts:
+        if n > 1:
+            written[first:first + n] = True
+        first += n
+    assert torch.equal(torch.isfinite(lse).all(dim=1), written)
+
+
+def test_balanced_plan_leaves_equal_lengths_and_one_sequence_as_they_were(params):
+    # equal lengths (40 tiles each): every sequence gets the 8 splits the plan without balance gives it, so stage 1
+    # writes all 3 x 8 workspace rows of each kv head; batch 1 takes the plan without balance
+    da = importlib.import_module("kernels.decode_attention.decode_attention")
+    params(kv16={"BLOCK_N": 16}, min_split_tokens=16, programs_per_cu=48, max_splits=10)
+    assert da._plan(3, 12, 2, 32, torch.device("cpu"), None, False).splits == 8
+    params(kv16={"BLOCK_N": 16, "balance": 1}, min_split_tokens=16, programs_per_cu=48, max_splits=10)
+    assert da._plan(1, 12, 2, 32, torch.device("cpu"), None, False).programs == 0
+    assert da._plan(3, 12, 2, 32, torch.device("cpu"), None, False).programs == 3 * 8
+    assert balanced_split_counts([640] * 3, 24, 10, 16, 16) == [8] * 3
+    case = make_case([640] * 3, block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, seed=6)
+    ws = torch.full((workspace_numel(3, 12, 2, 32, "cpu"),), float("nan"))
+    assert_close(run(case, workspace=ws), reference(case), torch.bfloat16)
+    lse = ws[-(24 + 3) * 12:].view(-1, 12)
+    assert torch.isfinite(lse[:24]).all() and torch.isnan(lse[24:]).all()
+
+
 @pytest.mark.parametrize("q_scale", [3e4, 1e-4])
 def test_int8_qk_takes_queries_of_any_scale(params, q_scale):
     params(kv8={"int8_qk": 1})
@@ -509,6 +592,8 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     ('{"kv8": {"q_early": 2}}', "kv8.q_early must be 0 or 1"),
     ('{"kv16": {"q_early": 0}}', "q_early applies to kv8 only"),
     ('{"kv16": {"even_splits": 2}}', "kv16.even_splits must be 0 or 1"),
+    ('{"kv8": {"balance": 2}}', "kv8.balance must be 0 or 1"),
+    ('{"kv8": {"int8": {"balance": 1}}}', "'kv8.int8' must be an object with keys from"),  # the host plan
     ('{"split_round": "nearest"}', 'kv16.split_round must be "up" or "down"'),
     ('{"kv8": {"int8": {"split_round": "up"}}}', "'kv8.int8' must be an object with keys from"),  # the host plan
     ('{"kv8": {"int8": 2}}', "'kv8.int8' must be an object with keys from"),
@@ -571,18 +656,15 @@ def test_split_round_down_never_launches_more_programs_than_the_target(batch, up
 
 def test_a_width_may_set_its_own_programs_per_cu(params, monkeypatch):
     # the plan of 8-bit caches with kv8.programs_per_cu 3, bf16's with the entry's 2 (132 SMs, batch 4, 4 kv heads)
-    import importlib
-
     da = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
     monkeypatch.setattr(launch_params, "current_target", lambda device=None: "sm90")
     monkeypatch.setattr(da, "num_compute_units", lambda device: 132)
     _plan, split_kernel_launch = da._plan, da.split_kernel_launch
     params(kv8={"programs_per_cu": 3})
     cpu = torch.device("cpu")
-    launch8, splits8, _ = _plan(4, 24, 4, 256, cpu, None, kv8=True)
-    launch16, splits16, _ = _plan(4, 24, 4, 256, cpu, None, kv8=False)
-    assert (splits8, splits16) == (24, 17)  # 396 // 16 rows (split_round down) and ceil(264 / 16)
-    assert "programs_per_cu" not in split_kernel_launch(launch8, 1552, 2)[1]  # host-side only, never a Triton option
+    plan8, plan16 = _plan(4, 24, 4, 256, cpu, None, kv8=True), _plan(4, 24, 4, 256, cpu, None, kv8=False)
+    assert (plan8.splits, plan16.splits) == (24, 17)  # 396 // 16 rows (split_round down) and ceil(264 / 16)
+    assert "programs_per_cu" not in split_kernel_launch(plan8.launch, 1552, 2)[1]  # host-side only, not for Triton
     with pytest.raises(ValueError, match="kv8.programs_per_cu must be a positive integer"):
         launch_params.get_params("sm90", override='{"kv8": {"programs_per_cu": 0}}')
 
@@ -678,12 +760,39 @@ def test_bench_times_graphs_of_calls_shape_by_shape_with_v_by_dim_rows(tmp_path,
     assert "graphs of 2 calls on different pages" in next(tmp_path.glob("*.md")).read_text()
 
 
+def test_bench_times_batches_of_mixed_lengths_with_the_balanced_plan(tmp_path, monkeypatch):
+    import importlib
+
+    from kernels.decode_attention import bench
+
+    assert bench.batch_lengths(5, 100, ("spread", 0.5)) == [50, 75, 100, 88, 62]  # the longest in the middle
+    assert bench.batch_lengths(4, 100, ("one-long", 0.25)) == [25, 25, 100, 25]
+    assert bench.batch_lengths(3, 100) == [100] * 3 and bench.batch_lengths(1, 100, ("spread", 0.5)) == [100]
+    monkeypatch.delenv("VLLM_DCU_BASELINE_UA", raising=False)
+    monkeypatch.setenv(launch_params.ENV_VAR, '{"balance": 1}')
+    try:
+        bench.main(["--dry-run", "--quick", "--lens", "spread:0.5", "--kv8-dtypes", "int8_pth", "--batches", "3",
+                    "--ctxs", "40", "--out", str(tmp_path)])
+    finally:
+        importlib.reload(bench)
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert report["meta"]["lens"] == ["spread", 0.5] and "--lens spread:0.5" in report["meta"]["command"]
+    bf16 = next(r for r in report["rows"] if r["dtype"] == "bf16")
+    assert bf16["splits"] == "b3"  # interpreter: 4 programs on its one "CU" give 1 split to each of 3 x 2 kv heads
+    # bytes of 20 + 40 + 30 tokens, not 3 x 40 (the dry run's 2 kv heads of head_dim 32, bf16 K and V)
+    assert bf16["GBps"] == round(90 * 2 * 32 * 4 / (bf16["us"] * 1e-6) / 1e9)
+    assert "Lengths `spread:0.5`" in next(tmp_path.glob("*.md")).read_text()
+
+
 @pytest.mark.parametrize("args,match", [(["--v-layouts", "tile"], "--v-layouts wants token and/or dim"),
                                         (["--v-layouts", "dim,dim"], "--v-layouts wants"),
                                         (["--calls-per-graph", "0"], "--calls-per-graph wants 1..64"),
                                         (["--merge-splits", "48"], "--merge-splits wants a power of two"),
                                         (["--kv8-dtypes", "int4_pth"], "--kv8-dtypes wants some of"),
-                                        (["--kv8-dtypes", "int8_pth"], "--kv8-dtypes needs --quick")])
+                                        (["--kv8-dtypes", "int8_pth"], "--kv8-dtypes needs --quick"),
+                                        (["--quick", "--lens", "spread:0"], "--lens wants spread:F or one-long:F"),
+                                        (["--quick", "--lens", "ramp:0.5"], "--lens wants"),
+                                        (["--lens", "spread:0.5"], "--lens wants .* with --quick")])
 def test_bench_rejects_bad_timing_options_with_one_line(args, match):
     from kernels.decode_attention import bench
 

@@ -161,8 +161,9 @@ class Pools:
         self.v_views = {"token": v_by_token, "dim": split_kv_cache(self.kv8, D, "int8")[1]}
         self.max_tokens = max_tokens
 
-    def case(self, dtype, batch, ctx, seed=0, v_layout=None):
-        """v_layout: "token" / "dim" reads the 8-bit V as if stored that way; None as the dtype's cache stores it."""
+    def case(self, dtype, batch, ctx, seed=0, v_layout=None, lens=None):
+        """v_layout: "token" / "dim" reads the 8-bit V as if stored that way; None as the dtype's cache stores it.
+        lens: (mode, fraction) of --lens; None: every sequence ctx tokens."""
         kind = "bf16" if dtype == "bf16" else "8bit"
         bs = BLOCK[kind]
         nblk = math.ceil(ctx / bs)
@@ -170,17 +171,35 @@ class Pools:
         g = torch.Generator(device=DEV).manual_seed(seed)
         bt = torch.randperm(pool_blocks, device=DEV, generator=g)[: batch * nblk].view(batch, nblk).to(torch.int32)
         q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device=DEV, generator=g)
-        seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+        lengths = batch_lengths(batch, ctx, lens)
+        seq_lens = torch.tensor(lengths, dtype=torch.int32, device=DEV)
         c = dict(q=q, block_table=bt, seq_lens=seq_lens, out=torch.empty_like(q))
         if kind == "bf16":
             k, v = self.kv16.unbind(1)
-            c.update(k=k, v=v, kv_bytes=batch * ctx * HKV * D * 2 * 2)
+            c.update(k=k, v=v, kv_bytes=sum(lengths) * HKV * D * 2 * 2)
         else:
             k, ks, vs = self.views8
             v = self.v_views[v_layout or native_v_layout(dtype)]
             c.update(k=k, v=v, k_scales=ks, v_scales=vs, kv_quant=dtype.split("_")[0],
-                     software_fp8=dtype.endswith("_sw"), kv_bytes=batch * ctx * HKV * (D + 4) * 2)
+                     software_fp8=dtype.endswith("_sw"), kv_bytes=sum(lengths) * HKV * (D + 4) * 2)
         return c
+
+
+LENS_MODES = ("spread", "one-long")
+
+
+def batch_lengths(batch, ctx, lens=None):
+    """Sequence lengths of a timed batch (--lens): None every one ctx; ("spread", f) evenly from f x ctx to ctx (a
+    served tier's mix, e.g. f 0.5 for 16-32K), in an order that puts the longest in the middle; ("one-long", f) the
+    middle one ctx and the others f x ctx (one long request among short ones)."""
+    if lens is None or batch == 1:
+        return [ctx] * batch
+    mode, frac = lens
+    short = max(1, round(frac * ctx))
+    if mode == "one-long":
+        return [ctx if i == batch // 2 else short for i in range(batch)]
+    spread = [round(short + (ctx - short) * i / (batch - 1)) for i in range(batch)]
+    return spread[0::2] + spread[1::2][::-1]
 
 
 def native_v_layout(dtype):
@@ -288,6 +307,13 @@ def stage_times(fns, reps=20):
 
 
 # --- sweep --------------------------------------------------------------------------------------
+
+def splits_label(batch, device, kv8):
+    """The launcher's split plan for the table: splits per sequence, or "b" and the programs per kv head that
+    launch key balance shares out by length."""
+    plan = _plan(batch, HQ, HKV, D, device, None, kv8)
+    return f"b{plan.programs}" if plan.programs else plan.splits
+
 
 def launch_grid():
     """(BLOCK_N, num_warps, num_stages[, waves_per_eu]) candidates per KV width, kept small: every one is a compile."""
@@ -450,6 +476,10 @@ def markdown(meta, rows):
               " captured decode step).")
            + (" Rows `[...Vdim]` / `[...Vtok]`: 8-bit V read as if stored by dim (tokens contiguous) / by token,"
               " not as the cache stores it (int8 by dim, fp8 by token)." if meta.get("v_layouts") else "")
+           + (f" Lengths `{meta['lens'][0]}:{meta['lens'][1]}` (batch_lengths): ctx is the batch's longest sequence,"
+              " GB/s counts the bytes of the actual lengths." if meta.get("lens") else "")
+           + (" Splits `bN`: launch key balance shares N programs per kv head out by length."
+              if any(str(r.get("splits", "")).startswith("b") for r in rows) else "")
            + " GB/s = KV bytes read / time;"
            " % = of copy bandwidth; x UA = speedup over unified_attention on bf16 KV;"
            " x bf16 = our time / our bf16 time."
@@ -578,10 +608,22 @@ def main(argv=None):
                     help="1: one call per graph replay, L2 flushed by do_bench before each (the default); N > 1: a "
                     "graph of N calls on N different page sets, per-call time (as layers follow each other in a "
                     "captured decode step)")
+    ap.add_argument("--lens", metavar="MODE:F", help="with --quick: sequence lengths of a batch other than ctx each: "
+                    "spread:F evenly from F x ctx to ctx, one-long:F one at ctx and the rest at F x ctx (0 < F <= 1); "
+                    "the ctx column is then the longest, GB/s counts the bytes of the actual lengths")
     ap.add_argument("--compare", metavar="JSON", help="an earlier run's JSON (e.g. the kernel before a change, run "
                     "in the same call): the summary gives this run's time over its time per dtype")
     args = ap.parse_args(argv)
     compare_rows = load_rows(args.compare, "--compare") if args.compare else None
+    lens = None
+    if args.lens is not None:
+        mode, _, frac = args.lens.partition(":")
+        try:
+            lens = (mode, float(frac))
+        except ValueError:
+            lens = None
+        if lens is None or mode not in LENS_MODES or not 0 < lens[1] <= 1 or not args.quick:
+            sys.exit(f"error: --lens wants spread:F or one-long:F with 0 < F <= 1, with --quick; got {args.lens!r}")
     shape_filter = {}
     for name, text in (("batches", args.batches), ("ctxs", args.ctxs)):
         if text is None:
@@ -680,7 +722,7 @@ def main(argv=None):
     per_run, ours_bf16 = [[] for _ in runs], {}
     for batch, ctx in itertools.product(BATCHES, CTXS):
         for run_rows, (dtype, variant, run_config, v_layout) in zip(per_run, runs):
-            cases = [pools.case(dtype, batch, ctx, seed=i, v_layout=v_layout) for i in range(n_calls)]
+            cases = [pools.case(dtype, batch, ctx, seed=i, v_layout=v_layout, lens=lens) for i in range(n_calls)]
             c = cases[0]
             us = with_params(run_config, lambda: timed(ours_fn, cases))
             gbps = c["kv_bytes"] / (us * 1e-6) / 1e9
@@ -688,8 +730,7 @@ def main(argv=None):
                      block_size=c["k"].shape[1], us=round(us, 1),
                      GBps=round(gbps), pct_copy=round(100 * gbps / copy_gbps, 1),
                      # the launcher's own split plan under this run's entry
-                     splits=with_params(run_config, lambda: _plan(batch, HQ, HKV, D, c["q"].device, None,
-                                                                  dtype != "bf16")[1]))
+                     splits=with_params(run_config, lambda: splits_label(batch, c["q"].device, dtype != "bf16")))
             if args.stage_times:
                 r.update(with_params(run_config, lambda: stage_times([ours_fn(cc) for cc in cases])))
             if dtype == "bf16":
@@ -716,7 +757,7 @@ def main(argv=None):
     dev = props.name.replace(" ", "-").lower()
     base = os.path.join(args.out, f"{stamp}-{dev}-decode-attention" + (f"-{args.tag}" if args.tag else ""))
     suggested = {k: config.get(k, entry[k]) for k in ("programs_per_cu", "min_split_tokens", "kv16", "kv8")}
-    meta = dict(device=props.name, target=target, num_cus=props.multi_processor_count, copy_GBps=copy_gbps,
+    meta = dict(device=props.name, target=target, num_cus=props.multi_processor_count, copy_GBps=copy_gbps, lens=lens,
                 baseline=ua_src, config=config, calls_per_graph=n_calls, v_layouts=v_layouts, swept=not args.quick,
                 kv8_variants=dict(kv8_variants), torch=torch.__version__,
                 triton=triton.__version__, command="python -m kernels.decode_attention.bench" +
@@ -727,6 +768,7 @@ def main(argv=None):
                 (f" --calls-per-graph {n_calls}" if n_calls != 1 else "") +
                 (" --stage-times" if args.stage_times else "") +
                 (f" --merge-splits {args.merge_splits}" if args.merge_splits else "") +
+                (f" --lens {args.lens}" if lens else "") +
                 "".join(f" --{k} {','.join(map(str, v))}" for k, v in shape_filter.items()),
                 seconds=round(time.time() - t_start),
                 suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))

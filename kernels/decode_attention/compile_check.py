@@ -42,7 +42,8 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     # stride is 1; the other integers are multiples of 16 except the scales' token stride (4 heads), the block
     # table's row stride (the longest request's page count) and the split plan's counts. Without these, the kv8
     # launch compiled to 255 registers and 400+ B of spills here; with them, to 146-167 and none.
-    no_div = {"stride_kst", "stride_vst", "stride_btb", "max_splits", "min_split_tokens", "num_q_heads"}
+    no_div = {"stride_kst", "stride_vst", "stride_btb", "max_splits", "min_split_tokens", "num_q_heads", "batch",
+              "balance_programs"}
     sig, attrs, unit_strides = jit_signature(
         _decode_split_kernel,
         lambda base: "*bf16" if kv_quant == 0 and base in ("k", "v") else _PTR[base],

@@ -15,6 +15,12 @@ and the number of compute units only; each program computes its own split range 
 sequence's length (launch key even_splits: the tiles spread evenly over min(wanted, tiles) splits; else
 cdiv(tiles, wanted) tiles per split, which can leave wanted splits without work). So nothing is read back from
 the device and a captured CUDA/HIP graph is valid for any context length.
+Launch key balance (batch > 1): the same number of programs, shared out by length. The grid is (programs + batch, kv
+heads); each program reads every sequence's length (_balanced_share: the batch's tiles, each sequence's part of the
+programs rounded up, the parts scaled down where rounding would start a second wave) and finds its sequence and split
+by a prefix sum (_balanced_split_of); stage 2 finds a sequence's workspace rows the same way (_balanced_rows_of).
+Without it every sequence gets as many splits as the longest, so one long request among short ones runs on a few
+programs while the rest of the chip idles (H200, one 32K among 4K ones: 2-4x the time with it).
 
 Quantized caches (docs/kv-cache-layout.md, kv_quant "fp8" or "int8"): the uint8 codes become fp16
 (e4m3 value / 256, int8 value / 128: exact, e4m3 subnormals included) and both products run in
@@ -64,6 +70,8 @@ carry no row mask. On CUDA the conversions are PTX (4 codes per instruction sequ
 e4m3 path uses integer ops only); elsewhere the same values come from portable Triton ops. Only the
 conversions differ between the two: the scale arithmetic above is shared.
 """
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -77,6 +85,7 @@ _LOG2E = 1.4426950408889634
 _BLOCK_H = 16  # q rows per tile: smallest tl.dot M; holds GQA groups up to 16
 _MERGE_SPLITS = 64  # splits merged per step in stage 2
 _MERGE_DIM = 64  # head_dim columns per stage-2 program (more programs, fewer serial loads)
+_BATCH_CHUNK = 256  # launch key balance: sequence lengths read per step (one step up to batch 256)
 _KV_QUANT = {None: 0, "fp8": 1, "int8": 2}
 # constexpr: the compiler (unlike the interpreter) refuses plain Python globals inside a kernel
 # 8-bit caches (docstring): log2 of the V factor is at least -65 (V scales floored at 2^-64) and at most ~120
@@ -124,6 +133,107 @@ def _split_tiles(split, tiles_per_split, n_splits, n_tiles, EVEN: tl.constexpr):
     else:
         start = split * tiles_per_split
         return start, tl.minimum(start + tiles_per_split, n_tiles)
+
+
+@triton.jit
+def _balanced_tiles(lens, block_size, BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr):
+    """Tiles of each sequence of a chunk of the batch (0 for a padded slot or past the batch: length 0)."""
+    return tl.where(lens > 0, _num_tiles(tl.maximum(lens, 1), block_size, BLOCK_N, PAGE_LOOP), 0)
+
+
+@triton.jit
+def _balanced_splits(lens, tiles, total, share, max_splits, min_split_tokens):
+    """Launch key balance: splits of each sequence, its part of ``share`` programs rounded up, cdiv(share x its tiles,
+    the batch's tiles) (no split longer than tiles / share; equal lengths get share / batch each), capped by its tiles,
+    max_splits and cdiv(length, min_split_tokens) as the plan without balance is; at least 1 (a padded slot's one
+    program writes its zeros). Its tiles spread over them as even_splits spreads them. share x tiles stays far inside
+    int32 (share ~ a few hundred, tiles <= 2^16 at 1M tokens)."""
+    want = tl.minimum(tl.minimum(tl.cdiv(share * tiles, total), tiles),
+                      tl.minimum(tl.cdiv(lens, min_split_tokens), max_splits))
+    return tl.maximum(want, 1)
+
+
+@triton.jit
+def _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, BLOCK_N: tl.constexpr,
+                    PAGE_LOOP: tl.constexpr, CHUNK: tl.constexpr):
+    """Launch key balance: (the batch's tiles, the programs its sequences' parts are taken of). Rounding each part up
+    adds up to one program per sequence beyond ``programs`` (as many as the plan without balance launches), and
+    those start a second wave (H200, 16 x 16-32K int8: 1.23x the time without balance), so where they overflow, the
+    parts are taken of ``programs`` less the overflow (at least 1). The launch has programs + batch per kv head."""
+    offs = tl.arange(0, CHUNK)
+    total = tl.zeros([], dtype=tl.int32)
+    for b0 in range(0, batch, CHUNK):
+        lens = tl.load(seq_lens_ptr + b0 + offs, mask=b0 + offs < batch, other=0)
+        total += tl.sum(_balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP))
+    total = tl.maximum(total, 1)
+    need = tl.zeros([], dtype=tl.int32)
+    for b0 in range(0, batch, CHUNK):
+        valid = b0 + offs < batch
+        lens = tl.load(seq_lens_ptr + b0 + offs, mask=valid, other=0)
+        counts = _balanced_splits(lens, _balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP), total, programs,
+                                  max_splits, min_split_tokens)
+        need += tl.sum(tl.where(valid, counts, 0))
+    return total, tl.where(need > programs, tl.maximum(2 * programs - need, 1), programs)
+
+
+@triton.jit
+def _add3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
+def _balanced_split_of(program, seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size,
+                       BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr, CHUNK: tl.constexpr):
+    """Launch key balance, stage 1: the (sequence, split, the sequence's split count) that program
+    ``program`` of a kv head works on. The programs of a kv head take the sequences' splits (_balanced_splits) in
+    batch order, so a sequence's first split is its first workspace row. Sequence -1: no work left (the grid has
+    ``programs`` + batch per kv head, each sequence's part rounding up by less than one)."""
+    total, share = _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, BLOCK_N,
+                                   PAGE_LOOP, CHUNK)
+    offs = tl.arange(0, CHUNK)
+    seq = tl.full([], -1, dtype=tl.int32)
+    first = tl.zeros([], dtype=tl.int32)  # this sequence's first program
+    taken = tl.zeros([], dtype=tl.int32)  # programs taken by the chunks before this one
+    for b0 in range(0, batch, CHUNK):
+        valid = b0 + offs < batch
+        lens = tl.load(seq_lens_ptr + b0 + offs, mask=valid, other=0)
+        counts = tl.where(valid, _balanced_splits(lens, _balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP),
+                                                  total, share, max_splits, min_split_tokens), 0)
+        before = tl.cumsum(counts, 0) + taken <= program  # sequences whose programs all come before this one
+        # one reduction: how many such sequences (the index of this program's one), their programs, the chunk's
+        n_before, programs_before, in_chunk = tl.reduce((before.to(tl.int32), tl.where(before, counts, 0), counts),
+                                                        0, _add3)
+        hit = (n_before < CHUNK) & (seq < 0)  # entries past the batch count 0 programs, so a hit is a real sequence
+        seq = tl.where(hit, b0 + n_before, seq)
+        first = tl.where(hit, taken + programs_before, first)
+        taken += in_chunk
+    n_splits = tl.zeros([], dtype=tl.int32)
+    if seq >= 0:
+        seq_len = tl.load(seq_lens_ptr + seq)
+        n_splits = _balanced_splits(seq_len, _balanced_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), total,
+                                    share, max_splits, min_split_tokens)
+    return seq, program - first, n_splits
+
+
+@triton.jit
+def _balanced_rows_of(seq, seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size,
+                      BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr, CHUNK: tl.constexpr):
+    """Launch key balance, stage 2: (first workspace row, split count) of sequence ``seq``, as stage 1 numbered them
+    (_balanced_split_of)."""
+    total, share = _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, BLOCK_N,
+                                   PAGE_LOOP, CHUNK)
+    offs = tl.arange(0, CHUNK)
+    first = tl.zeros([], dtype=tl.int32)
+    for b0 in range(0, seq, CHUNK):  # the sequences before this one
+        valid = b0 + offs < seq
+        lens = tl.load(seq_lens_ptr + b0 + offs, mask=valid, other=0)
+        counts = _balanced_splits(lens, _balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP), total, share,
+                                  max_splits, min_split_tokens)
+        first += tl.sum(tl.where(valid, counts, 0))
+    seq_len = tl.load(seq_lens_ptr + seq)
+    n_splits = _balanced_splits(seq_len, _balanced_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), total, share,
+                                max_splits, min_split_tokens)
+    return first, n_splits
 
 
 # Codes become fp16 bit patterns: e4m3 -> value * 2^-8 (subnormals included), int8 -> value * 2^-7.
@@ -333,11 +443,11 @@ def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_
 
 # max_splits and min_split_tokens change with the batch size (or a forced split count): not
 # specialized on, so one compiled kernel serves every batch size.
-@triton.jit(do_not_specialize=["max_splits", "min_split_tokens"])
+@triton.jit(do_not_specialize=["max_splits", "min_split_tokens", "batch", "balance_programs"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_table_ptr, seq_lens_ptr,
     out_ptr, ws_o_ptr, ws_lse_ptr,
-    scale_log2, max_splits, min_split_tokens, block_size, num_q_heads,
+    scale_log2, max_splits, min_split_tokens, block_size, num_q_heads, batch, balance_programs,
     stride_qb, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh, stride_vd,
@@ -350,11 +460,22 @@ def _decode_split_kernel(
     KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr,
     K_PURE: tl.constexpr = False, V_PURE: tl.constexpr = False, PAGE_LOOP: tl.constexpr = False,
     INT8_QK: tl.constexpr = False, INT8_PV: tl.constexpr = False, Q_EARLY: tl.constexpr = False,
-    EVEN_SPLITS: tl.constexpr = False,
+    EVEN_SPLITS: tl.constexpr = False, BALANCE: tl.constexpr = False, BATCH_CHUNK: tl.constexpr = 256,
 ):  # fmt: skip
-    seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    seq = tl.program_id(0)
     split = tl.program_id(2)
+    ws_first = seq * max_splits
+    n_splits_balanced = tl.zeros([], dtype=tl.int32)
+    if BALANCE:
+        # launch key balance: grid (balance_programs + batch, kv heads); this program's sequence and split come from
+        # every sequence's share of the programs (_balanced_split_of), its workspace rows from its place among them.
+        # balance_programs 0 (batch 1): the plan without it, in the same compiled kernel
+        if balance_programs > 0:
+            seq, split, n_splits_balanced = _balanced_split_of(tl.program_id(0), seq_lens_ptr, batch,
+                                                               balance_programs, max_splits, min_split_tokens,
+                                                               block_size, BLOCK_N, PAGE_LOOP, BATCH_CHUNK)
+            ws_first = tl.program_id(0) - split
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -365,6 +486,9 @@ def _decode_split_kernel(
     q_heads = kv_head * GROUP + offs_h
     out_offs = seq * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :]
 
+    if BALANCE:
+        if seq < 0:
+            return  # past the programs the batch's sequences take
     q_ptrs = q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :]
     seq_len = tl.load(seq_lens_ptr + seq)
     if Q_EARLY:
@@ -375,6 +499,10 @@ def _decode_split_kernel(
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)
     n_tiles = _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP)
     tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens, EVEN_SPLITS)
+    if BALANCE:
+        if balance_programs > 0:
+            n_splits = n_splits_balanced
+            tiles_per_split = n_tiles // n_splits  # spread as even_splits spreads them (_split_tiles)
 
     if seq_len <= 0:
         # padded batch slot (CUDA graphs): defined output, no KV reads
@@ -389,6 +517,9 @@ def _decode_split_kernel(
 
     bt_row = block_table_ptr + seq * stride_btb
     tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, EVEN_SPLITS)
+    if BALANCE:
+        if balance_programs > 0:
+            tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, True)
     if PAGE_LOOP:
         # the split's first block-table entry is read before q is worked on below, so its latency overlaps that work
         tiles_per_page = tl.cdiv(block_size, BLOCK_N)
@@ -480,18 +611,19 @@ def _decode_split_kernel(
     if n_splits == 1:
         tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=hd_mask)
     else:
-        row = (seq * max_splits + split) * num_q_heads + q_heads
+        row = (ws_first + split) * num_q_heads + q_heads
         tl.store(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=hd_mask)
         tl.store(ws_lse_ptr + row, lse, mask=h_mask)
 
 
-@triton.jit(do_not_specialize=["max_splits", "min_split_tokens"])
+@triton.jit(do_not_specialize=["max_splits", "min_split_tokens", "batch", "balance_programs"])
 def _merge_splits_kernel(
     ws_o_ptr, ws_lse_ptr, seq_lens_ptr, out_ptr,
-    max_splits, min_split_tokens, num_q_heads, block_size,
+    max_splits, min_split_tokens, num_q_heads, block_size, batch, balance_programs,
     stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_DM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr,
-    MERGE: tl.constexpr, EVEN_SPLITS: tl.constexpr = False,
+    MERGE: tl.constexpr, EVEN_SPLITS: tl.constexpr = False, BALANCE: tl.constexpr = False,
+    BATCH_CHUNK: tl.constexpr = 256,
 ):  # fmt: skip
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -499,6 +631,11 @@ def _merge_splits_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     _, n_splits = _split_range(seq_len, _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), max_splits,
                                min_split_tokens, EVEN_SPLITS)
+    ws_first = seq * max_splits
+    if BALANCE:
+        if balance_programs > 0:  # 0: the plan without balance (batch 1), as stage 1 took it
+            ws_first, n_splits = _balanced_rows_of(seq, seq_lens_ptr, batch, balance_programs, max_splits,
+                                                   min_split_tokens, block_size, BLOCK_N, PAGE_LOOP, BATCH_CHUNK)
     if n_splits <= 1:
         return  # stage 1 wrote the output (or zeros for an empty slot)
 
@@ -510,7 +647,7 @@ def _merge_splits_kernel(
     acc = tl.zeros([BLOCK_DM], dtype=tl.float32)
     for first in range(0, n_splits, MERGE):
         s_mask = first + offs_s < n_splits
-        row = (seq * max_splits + first + offs_s) * num_q_heads + head
+        row = (ws_first + first + offs_s) * num_q_heads + head
         lse = tl.load(ws_lse_ptr + row, mask=s_mask, other=float("-inf"))
         o = tl.load(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
         m_new = tl.maximum(m, tl.max(lse, axis=0))
@@ -539,14 +676,17 @@ def split_kernel_launch(launch: dict, block_size: int, kv_quant: int, v_by_dim: 
     launcher and compile_check, so both compile the same kernel. split_round is the host's split plan (_plan);
     page_loop needs pages of at least BLOCK_N tokens; int8_qk and the kv8 entry's own "int8" options apply to int8
     caches only (kv_quant 2: the kv8 entry also serves fp8 caches). v_by_dim: V's tokens are contiguous (an int8
-    cache's pages, kv_quant.layout.V_BY_DIM), so an int8 cache takes the int8 x int8 P x V path (INT8_PV)."""
+    cache's pages, kv_quant.layout.V_BY_DIM), so an int8 cache takes the int8 x int8 P x V path (INT8_PV). balance
+    compiles the balanced plan in; the launch turns it on where the batch has more than one sequence and splits are
+    not forced (balance_programs > 0), and there it spreads tiles as even_splits does whatever even_splits says."""
     options = {k: v for k, v in launch.items() if k != "int8"}
     if kv_quant == 2:
         options.update(launch.get("int8", {}))
+    defaults = launch_params.LAUNCH_DEFAULTS
+    balance = bool(options.pop("balance", defaults["balance"]))
     for host_only in ("split_round", "programs_per_cu", "min_split_tokens"):
         options.pop(host_only, None)
     block_n = options.pop("BLOCK_N")
-    defaults = launch_params.LAUNCH_DEFAULTS
     early_convert = options.pop("early_convert", defaults["early_convert"])
     consts = dict(BLOCK_N=block_n, PAGE_GE_TILE=block_size >= block_n,
                   PAGE_LOOP=bool(options.pop("page_loop", defaults["page_loop"])) and block_size >= block_n,
@@ -554,20 +694,38 @@ def split_kernel_launch(launch: dict, block_size: int, kv_quant: int, v_by_dim: 
                   INT8_QK=bool(options.pop("int8_qk", defaults["int8_qk"])) and kv_quant == 2,
                   INT8_PV=kv_quant == 2 and v_by_dim,
                   Q_EARLY=bool(options.pop("q_early", defaults["q_early"])) and kv_quant != 0,
-                  EVEN_SPLITS=bool(options.pop("even_splits", defaults["even_splits"])))
+                  EVEN_SPLITS=bool(options.pop("even_splits", defaults["even_splits"])),
+                  BALANCE=balance, BATCH_CHUNK=_BATCH_CHUNK)
     return consts, options
 
 
-def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8):
+class _Plan(NamedTuple):
+    launch: dict  # the width's launch entry (split_kernel_launch's input)
+    splits: int  # grid z and workspace rows per sequence; balance: the kernel's cap on one sequence's splits
+    min_split: int
+    programs: int  # balance: programs per kv head the batch's sequences share (grid x: programs + batch); else 0
+
+    def rows(self, batch: int) -> int:
+        """Workspace rows (splits) per kv head."""
+        return self.programs + batch if self.programs else batch * self.splits
+
+
+def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8) -> _Plan:
     target = launch_params.current_target(device)
     entry = launch_params.get_params(target)
     launch = dict(entry["kv8" if kv8 else "kv16"])
-    round_down = launch.pop("split_round", launch_params.LAUNCH_DEFAULTS["split_round"]) == "down"
+    round_down = launch.get("split_round", launch_params.LAUNCH_DEFAULTS["split_round"]) == "down"
+    programs = 0
     if num_splits is None:
         per_cu = {"programs_per_cu": launch.pop("programs_per_cu", entry["programs_per_cu"])}  # this width's own
         splits = launch_params.num_splits(batch, num_kv_heads, num_compute_units(device), {**entry, **per_cu},
                                           round_down)
         min_split = launch.pop("min_split_tokens", entry["min_split_tokens"])  # this width's own, if it sets one
+        if batch > 1 and launch.get("balance", launch_params.LAUNCH_DEFAULTS["balance"]):
+            # the programs the plan without balance launches for this batch, shared out by length (the same plan
+            # where every sequence is as long); one sequence has nothing to share, so it keeps that plan (in the
+            # same compiled kernel: programs 0)
+            programs, splits = batch * splits, entry["max_splits"]
     else:
         splits, min_split = int(num_splits), 1  # exactly min(num_splits, tiles) splits per sequence
     lds = entry["lds_limit"]
@@ -578,15 +736,15 @@ def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8):
                 f"decode-attention params for {target}: BLOCK_N={tiles['BLOCK_N']} num_stages={tiles['num_stages']} "
                 f"need ~{need} B of LDS at head_dim {head_dim}, limit {lds} B; lower BLOCK_N or num_stages"
             )
-    return launch, splits, min_split
+    return _Plan(launch, splits, min_split, programs)
 
 
 def workspace_numel(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, device, kv8: bool = False,
                     num_splits: int | None = None) -> int:
     """float32 elements of workspace ``decode_attention`` needs for a batch of this size (for
     preallocating one buffer for the largest batch a CUDA graph captures)."""
-    _, splits, _ = _plan(batch, num_q_heads, num_kv_heads, head_dim, torch.device(device), num_splits, kv8)
-    return batch * splits * num_q_heads * (head_dim + 1)
+    plan = _plan(batch, num_q_heads, num_kv_heads, head_dim, torch.device(device), num_splits, kv8)
+    return plan.rows(batch) * num_q_heads * (head_dim + 1)
 
 
 def _fail(msg: str):
@@ -624,16 +782,17 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     _, block_size, hkv, _ = k_cache.shape
     if num_splits is not None and (not isinstance(num_splits, int) or not 1 <= num_splits <= 65535):
         _fail(f"num_splits must be an int in [1, 65535] (the grid's z limit), got {num_splits!r}")
-    launch, splits, min_split = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None)
-    need = batch * splits * hq * (d + 1)
+    plan = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None)
+    rows = plan.rows(batch) * hq
+    need = rows * (d + 1)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.float32, device=q.device)
     elif workspace.dtype != torch.float32 or workspace.dim() != 1 or workspace.numel() < need:
         _fail(f"workspace must be float32 1-D with >= {need} elements, got {tuple(workspace.shape)} {workspace.dtype}")
     if batch == 0:
         return out
-    ws_o = workspace[: batch * splits * hq * d]
-    ws_lse = workspace[batch * splits * hq * d : need]
+    ws_o = workspace[: rows * d]
+    ws_lse = workspace[rows * d : need]
     if kv_quant is None:
         k_scales = v_scales = seq_lens  # unused placeholders
         ks_strides = vs_strides = (0, 0, 0)
@@ -642,23 +801,27 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     if software_fp8 is None:
         software_fp8 = kv_quant == "fp8" and use_software_fp8()
     block_d = triton.next_power_of_2(d)
-    consts, options = split_kernel_launch(launch, block_size, _KV_QUANT[kv_quant], v_by_dim=v_cache.stride(1) == 1)
+    consts, options = split_kernel_launch(plan.launch, block_size, _KV_QUANT[kv_quant],
+                                          v_by_dim=v_cache.stride(1) == 1)
+    splits, min_split, programs = plan.splits, plan.min_split, plan.programs
+    grid = (programs + batch, hkv, 1) if programs else (batch, hkv, splits)
 
-    _decode_split_kernel[(batch, hkv, splits)](
+    _decode_split_kernel[grid](
         q, k_cache, v_cache, k_scales, v_scales, block_table, seq_lens,
         out, ws_o, ws_lse,
-        float(scale) * _LOG2E, splits, min_split, block_size, hq,
+        float(scale) * _LOG2E, splits, min_split, block_size, hq, batch, programs,
         q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride(), *ks_strides, *vs_strides,
         block_table.stride(0), out.stride(0), out.stride(1),
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, KV_QUANT=_KV_QUANT[kv_quant],
         FP8_SOFTWARE=bool(software_fp8), PTX=kv_quant is not None and _use_ptx(q.device), **consts, **options,
     )  # fmt: skip
-    if splits > 1:
+    if splits > 1:  # some sequence may have more than one split
         block_dm = min(_MERGE_DIM, block_d)
         _merge_splits_kernel[(batch, hq, triton.cdiv(d, block_dm))](
-            ws_o, ws_lse, seq_lens, out, splits, min_split, hq, block_size, out.stride(0), out.stride(1),
-            HEAD_DIM=d, BLOCK_DM=block_dm, BLOCK_N=consts["BLOCK_N"], PAGE_LOOP=consts["PAGE_LOOP"],
-            MERGE=_MERGE_SPLITS, EVEN_SPLITS=consts["EVEN_SPLITS"], num_warps=4,
+            ws_o, ws_lse, seq_lens, out, splits, min_split, hq, block_size, batch, programs, out.stride(0),
+            out.stride(1), HEAD_DIM=d, BLOCK_DM=block_dm, BLOCK_N=consts["BLOCK_N"], PAGE_LOOP=consts["PAGE_LOOP"],
+            MERGE=_MERGE_SPLITS, EVEN_SPLITS=consts["EVEN_SPLITS"], BALANCE=consts["BALANCE"],
+            BATCH_CHUNK=consts["BATCH_CHUNK"], num_warps=4,
         )  # fmt: skip
     return out

@@ -26,6 +26,15 @@ Keys of an entry:
               every split takes cdiv(tiles, wanted splits) tiles, so fewer splits than wanted may get work (int8 at
               batch 1 x 16K: 137 tiles of 128 over 66 wanted, 46 splits of 3); 1 min(wanted, tiles) splits whose
               lengths differ by at most one tile;
+              balance (0/1): a step's programs go to its sequences by length, not the same count to each: the
+              programs the plan without it launches for the batch (batch x splits per sequence) take the batch's
+              sequences cut into pieces of at most c tiles, c the shortest of 16 lengths from cdiv(tiles,
+              programs) to the longest sequence's tiles whose pieces fit those programs (capped by max_splits and
+              min_split_tokens as without it; a sequence's tiles spread as even_splits spreads them). Grid
+              (programs, kv heads); each program finds its sequence and split from every sequence's length on the
+              device, so a captured graph serves every mix of lengths. Batch 1 and forced splits take the plan
+              without it (in the same compiled kernel). One long request among short ones no longer waits on as
+              few programs as each short one has;
               q_early (0/1, kv8 only; default 1): q's load goes out with seq_len's, before the program knows
               whether its split has work (a split past the sequence's last returns at once); 0 loads q after that
               check, as kv16 does (H200, sm90's entry: 1.004-1.019x the 8-bit time with 0, so no entry sets it);
@@ -58,22 +67,22 @@ ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
 _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
-                "page_loop", "split_round", "int8_qk", "q_early", "even_splits")
+                "page_loop", "split_round", "int8_qk", "q_early", "even_splits", "balance")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 _WIDTH_SPLIT_KEYS = ("programs_per_cu", "min_split_tokens")  # split keys a kv16 / kv8 entry may set for its own plan
 # launch keys that take one of a few values: (allowed, how the error names them)
 _CHOICES = {"early_convert": ((0, 1, 2), "0, 1 or 2"), "int8_qk": ((0, 1), "0 or 1"), "page_loop": ((0, 1), "0 or 1"),
-            "q_early": ((0, 1), "0 or 1"), "even_splits": ((0, 1), "0 or 1"),
+            "q_early": ((0, 1), "0 or 1"), "even_splits": ((0, 1), "0 or 1"), "balance": ((0, 1), "0 or 1"),
             "split_round": (("up", "down"), '"up" or "down"')}
 _KV8_ONLY = ("early_convert", "int8_qk", "q_early")
 # what the launcher (decode_attention.split_kernel_launch, _plan) takes for a launch key an entry leaves out
 LAUNCH_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_round": "up", "q_early": 1,
-                   "even_splits": 0}
+                   "even_splits": 0, "balance": 0}
 # kv8 only: launch options for int8 caches, merged over the kv8 entry (which fp8 caches take as it is); only what
 # leaves the host's split plan alone (the workspace is sized for kv8 without knowing the cache's kind), and not
 # int8_qk (int8-only already)
 _INT8 = "int8"
-_INT8_KEYS = tuple(k for k in _LAUNCH_KEYS if k not in ("split_round", "int8_qk"))
+_INT8_KEYS = tuple(k for k in _LAUNCH_KEYS if k not in ("split_round", "int8_qk", "balance"))
 
 # DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
 # - BLOCK_N 32 at head_dim 256: a 16 KiB bf16 K/V tile per stage plus the 8 KiB Q tile in LDS.

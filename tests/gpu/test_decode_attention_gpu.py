@@ -126,6 +126,34 @@ def test_cuda_graph_replay_stays_correct_when_context_lengths_change():
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
+@pytest.mark.parametrize("kv_quant", [None, "int8", "fp8"])
+def test_balanced_plan_follows_the_lengths_of_each_replay(monkeypatch, kv_quant):
+    # launch key balance: a graph captured at seq_lens 1 shares the programs out by the lengths it replays with: one
+    # long sequence among short ones, then the long one moved, one slot padded and the rest grown
+    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"balance": 1}))
+    case = make_case([40000, 700, 3000, 5, 1552, 9000], 784, kv_quant=kv_quant, seed=5)
+    check(run(case), case)
+    real_lens = case["seq_lens"].clone()
+    ws = torch.empty(workspace_numel(6, HQ, HKV, D, DEV, kv8=kv_quant is not None), dtype=torch.float32, device=DEV)
+    out = torch.empty_like(case["q"])
+    case["seq_lens"].fill_(1)
+    run(case, out=out, workspace=ws)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(case, out=out, workspace=ws)
+    moved = case["block_table"][[1, 0, 2, 3, 4, 5]].clone()
+    for lens, table in ((real_lens, case["block_table"].clone()),
+                        (torch.tensor([700, 40000, 0, 5, 1553, 9001], dtype=torch.int32, device=DEV), moved)):
+        case["seq_lens"].copy_(lens)
+        case["block_table"].copy_(table)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, case)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
 def _compiled(kernel):
     return sum(len(cache[0]) for cache in kernel.device_caches.values())
 
