@@ -114,7 +114,12 @@ PARAMS = {
         "min_split_tokens": 64,
         # kv16 BLOCK_N 32: the first H200 sweep's pick; the second sweep's 64 was within 1% on its geomean
         # but 15% slower at batch 64 (bench/results/2026-11-30-nvidia-h200-decode-attention*.md, 2 splits in both)
-        "kv16": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+        # balance 1 on both widths (2026-12-03, seventeenth session): a step's programs shared out by sequence
+        # length; against the same entry without it in one call (bench/results/2026-12-03-h200-balanced-splits.md):
+        # one 32K request among 4K ones 0.23-0.53x the time at batch 4-64, a 16-32K spread 0.78-1.00x at 32K and
+        # 0.93-1.07x at 8K, equal lengths 0.94-1.09x from 16K and 1.06-1.20x at 4K (the plan's passes over the
+        # batch's lengths, ~1-4 us); batch 1 keeps the plan without it
+        "kv16": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "balance": 1},
         # kv8: pages in an outer loop, so the pipeliner keeps 2 tiles in flight (with the block-table read in the
         # tile loop it kept one whatever num_stages said); at 3 stages its shared memory leaves 2 programs per SM,
         # so the split count rounds down (a round-up put 320 programs where 264 fit at batch 16). Against the
@@ -142,7 +147,7 @@ PARAMS = {
         # bf16 with it took 1.03-1.07x at batch 4 (bench/results/2026-12-03-nvidia-h200-decode-attention-stages.md,
         # -even-all.md); q_early 0 in the same call: 1.004-1.019x, so 8-bit q keeps its early load
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
-                "split_round": "down", "int8_qk": 1, "even_splits": 1,
+                "split_round": "down", "int8_qk": 1, "even_splits": 1, "balance": 1,
                 "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}},
     },
     "gfx936": dict(_DCU),
