@@ -101,21 +101,18 @@ def test_forced_split_counts_agree_with_reference(num_splits):
     check(run(case, num_splits=num_splits), case)
 
 
-def test_cuda_graph_replay_stays_correct_when_context_lengths_change():
-    case = make_case([30000, 12000, 800, 5], 784)  # rows of 39, 16, 2 and 1 pages
-    real_lens, real_table = case["seq_lens"].clone(), case["block_table"].clone()
-    ws = torch.empty(workspace_numel(4, HQ, HKV, D, DEV), dtype=torch.float32, device=DEV)
+def replay_steps(case, steps, kv8=False):
+    """Capture one call in a CUDA graph at seq_lens 1 (as vLLM captures), then replay it for each (seq_lens,
+    block_table) of ``steps`` and check each output against the reference; returns the last output."""
+    batch = case["q"].shape[0]
+    ws = torch.empty(workspace_numel(batch, HQ, HKV, D, DEV, kv8=kv8), dtype=torch.float32, device=DEV)
     out = torch.empty_like(case["q"])
-    case["seq_lens"].fill_(1)  # as vLLM captures: seq_lens 1
+    case["seq_lens"].fill_(1)
     run(case, out=out, workspace=ws)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run(case, out=out, workspace=ws)
-    # second step: sequences move between batch slots (their block-table rows move with them, as in
-    # vLLM's persistent batch), one slot is padding, lengths grow within their pages
-    moved = real_table[[3, 1, 0, 2]]
-    steps = ((real_lens, real_table), (torch.tensor([5, 0, 30001, 784], dtype=torch.int32, device=DEV), moved))
     for lens, table in steps:
         case["seq_lens"].copy_(lens)
         case["block_table"].copy_(table)
@@ -123,6 +120,17 @@ def test_cuda_graph_replay_stays_correct_when_context_lengths_change():
         graph.replay()
         torch.cuda.synchronize()
         check(out, case)
+    return out
+
+
+def test_cuda_graph_replay_stays_correct_when_context_lengths_change():
+    case = make_case([30000, 12000, 800, 5], 784)  # rows of 39, 16, 2 and 1 pages
+    real_lens, real_table = case["seq_lens"].clone(), case["block_table"].clone()
+    # second step: sequences move between batch slots (their block-table rows move with them, as in
+    # vLLM's persistent batch), one slot is padding, lengths grow within their pages
+    moved = real_table[[3, 1, 0, 2]]
+    out = replay_steps(case, ((real_lens, real_table),
+                              (torch.tensor([5, 0, 30001, 784], dtype=torch.int32, device=DEV), moved)))
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
@@ -133,24 +141,11 @@ def test_balanced_plan_follows_the_lengths_of_each_replay(monkeypatch, kv_quant)
     monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"balance": 1}))
     case = make_case([40000, 700, 3000, 5, 1552, 9000], 784, kv_quant=kv_quant, seed=5)
     check(run(case), case)
-    real_lens = case["seq_lens"].clone()
-    ws = torch.empty(workspace_numel(6, HQ, HKV, D, DEV, kv8=kv_quant is not None), dtype=torch.float32, device=DEV)
-    out = torch.empty_like(case["q"])
-    case["seq_lens"].fill_(1)
-    run(case, out=out, workspace=ws)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run(case, out=out, workspace=ws)
-    moved = case["block_table"][[1, 0, 2, 3, 4, 5]].clone()
-    for lens, table in ((real_lens, case["block_table"].clone()),
-                        (torch.tensor([700, 40000, 0, 5, 1553, 9001], dtype=torch.int32, device=DEV), moved)):
-        case["seq_lens"].copy_(lens)
-        case["block_table"].copy_(table)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(out, case)
+    real_lens, real_table = case["seq_lens"].clone(), case["block_table"].clone()
+    moved = real_table[[1, 0, 2, 3, 4, 5]]
+    out = replay_steps(case, ((real_lens, real_table),
+                              (torch.tensor([700, 40000, 0, 5, 1553, 9001], dtype=torch.int32, device=DEV), moved)),
+                       kv8=kv_quant is not None)
     assert torch.equal(out[2], torch.zeros_like(out[2]))
 
 
