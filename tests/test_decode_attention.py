@@ -310,8 +310,11 @@ def test_balanced_plan_matches_the_reference_for_mixed_lengths(params, monkeypat
     out = run(case)
     assert torch.equal(out[2], torch.zeros_like(out[2]))
     assert_close(out, reference(case), torch.bfloat16)
-    # fewer tiles (2 + 1 + 3) than programs (24 or 21): no sequence gets more splits than tiles (an empty split's
-    # partial would be 0 / 0); batch 1 and forced splits take the plan without balance in the same kernel
+    # fewer tiles (2 + 1 + 3) than programs (24 or 21) and a shortest split (4 tokens) below a tile, as sm90's int8
+    # entry has it (64 tokens, tiles of 128): no sequence gets more splits than tiles (an empty split's partial would
+    # be 0 / 0); batch 1 and forced splits take the plan without balance in the same kernel
+    params(**{width: {**kv8, "BLOCK_N": 16, "balance": 1, "split_round": split_round}}, min_split_tokens=4,
+           programs_per_cu=48, max_splits=16)
     short = make_case([20, 3, 40], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant=kv_quant, seed=3)
     assert_close(run(short), reference(short), torch.bfloat16)
     one = make_case([300], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant=kv_quant, seed=2)
