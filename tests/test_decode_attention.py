@@ -723,38 +723,33 @@ def test_split_round_down_gives_the_reference_output_and_its_workspace(params):
 
 # --- benchmark script ----------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_bench_dry_run_writes_json_markdown_and_png(tmp_path, monkeypatch):
-    import importlib
-
+def bench_dry_run(tmp_path, monkeypatch, *args):
+    """Run the decode bench's --dry-run with ``args`` into tmp_path (no unified-attention baseline); returns its JSON
+    report and its markdown."""
     from kernels.decode_attention import bench
 
     monkeypatch.delenv("VLLM_DCU_BASELINE_UA", raising=False)
     try:
-        bench.main(["--dry-run", "--out", str(tmp_path)])
+        bench.main(["--dry-run", *args, "--out", str(tmp_path)])
     finally:
         importlib.reload(bench)  # --dry-run rewrote the module's shapes
+    return json.loads(next(tmp_path.glob("*.json")).read_text()), next(tmp_path.glob("*.md")).read_text()
+
+
+@pytest.mark.slow
+def test_bench_dry_run_writes_json_markdown_and_png(tmp_path, monkeypatch):
+    report, md = bench_dry_run(tmp_path, monkeypatch)
     names = sorted(p.suffix for p in tmp_path.iterdir())
     assert names == [".json", ".md", ".png"]
-    report = json.loads(next(tmp_path.glob("*.json")).read_text())
     kinds = {r["dtype"] for r in report["rows"]}
     assert kinds == {"bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth"}
     assert report["meta"]["suggested_launch_params_entry"]["kv16"]["BLOCK_N"] in (16, 32)
-    assert "| int8_pth | 2 | 100 |" in next(tmp_path.glob("*.md")).read_text()
+    assert "| int8_pth | 2 | 100 |" in md
 
 
 def test_bench_times_graphs_of_calls_shape_by_shape_with_v_by_dim_rows(tmp_path, monkeypatch):
-    import importlib
-
-    from kernels.decode_attention import bench
-
-    monkeypatch.delenv("VLLM_DCU_BASELINE_UA", raising=False)
-    try:
-        bench.main(["--dry-run", "--quick", "--calls-per-graph", "2", "--v-layouts", "token,dim", "--batches", "1,2",
-                    "--ctxs", "40", "--out", str(tmp_path)])
-    finally:
-        importlib.reload(bench)
-    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    report, md = bench_dry_run(tmp_path, monkeypatch, "--quick", "--calls-per-graph", "2", "--v-layouts", "token,dim",
+                               "--batches", "1,2", "--ctxs", "40")
     assert report["meta"]["calls_per_graph"] == 2 and "--calls-per-graph 2" in report["meta"]["command"]
     kinds = [r["dtype"] for r in report["rows"]]
     # timed shape by shape, reported grouped by run (bf16 first, then the 8-bit kinds with V read by token, then by
@@ -762,31 +757,24 @@ def test_bench_times_graphs_of_calls_shape_by_shape_with_v_by_dim_rows(tmp_path,
     assert kinds == [k for k in ("bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth [Vtok]", "fp8_pth_hw [Vdim]",
                                  "fp8_pth_sw [Vdim]", "int8_pth") for _ in (1, 2)]
     assert all("ratio_vs_bf16" in r for r in report["rows"] if r["dtype"] != "bf16")
-    assert "graphs of 2 calls on different pages" in next(tmp_path.glob("*.md")).read_text()
+    assert "graphs of 2 calls on different pages" in md
 
 
 def test_bench_times_batches_of_mixed_lengths_with_the_balanced_plan(tmp_path, monkeypatch):
-    import importlib
-
     from kernels.decode_attention import bench
 
     assert bench.batch_lengths(5, 100, ("spread", 0.5)) == [50, 75, 100, 88, 62]  # the longest in the middle
     assert bench.batch_lengths(4, 100, ("one-long", 0.25)) == [25, 25, 100, 25]
     assert bench.batch_lengths(3, 100) == [100] * 3 and bench.batch_lengths(1, 100, ("spread", 0.5)) == [100]
-    monkeypatch.delenv("VLLM_DCU_BASELINE_UA", raising=False)
     monkeypatch.setenv(launch_params.ENV_VAR, '{"balance": 1}')
-    try:
-        bench.main(["--dry-run", "--quick", "--lens", "spread:0.5", "--kv8-dtypes", "int8_pth", "--batches", "3",
-                    "--ctxs", "40", "--out", str(tmp_path)])
-    finally:
-        importlib.reload(bench)
-    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    report, md = bench_dry_run(tmp_path, monkeypatch, "--quick", "--lens", "spread:0.5", "--kv8-dtypes", "int8_pth",
+                               "--batches", "3", "--ctxs", "40")
     assert report["meta"]["lens"] == ["spread", 0.5] and "--lens spread:0.5" in report["meta"]["command"]
     bf16 = next(r for r in report["rows"] if r["dtype"] == "bf16")
     assert bf16["splits"] == "b3"  # interpreter: 4 programs on its one "CU" give 1 split to each of 3 x 2 kv heads
     # bytes of 20 + 40 + 30 tokens, not 3 x 40 (the dry run's 2 kv heads of head_dim 32, bf16 K and V)
     assert bf16["GBps"] == round(90 * 2 * 32 * 4 / (bf16["us"] * 1e-6) / 1e9)
-    assert "Lengths `spread:0.5`" in next(tmp_path.glob("*.md")).read_text()
+    assert "Lengths `spread:0.5`" in md
 
 
 @pytest.mark.parametrize("args,match", [(["--v-layouts", "tile"], "--v-layouts wants token and/or dim"),
@@ -810,17 +798,8 @@ def _kv8_scored(*rows):
 
 
 def test_bench_times_only_the_8bit_kinds_asked_for(tmp_path, monkeypatch):
-    import importlib
-
-    from kernels.decode_attention import bench
-
-    monkeypatch.delenv("VLLM_DCU_BASELINE_UA", raising=False)
-    try:
-        bench.main(["--dry-run", "--quick", "--kv8-dtypes", "int8_pth", "--batches", "1", "--ctxs", "40",
-                    "--out", str(tmp_path)])
-    finally:
-        importlib.reload(bench)
-    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    report, _ = bench_dry_run(tmp_path, monkeypatch, "--quick", "--kv8-dtypes", "int8_pth", "--batches", "1",
+                              "--ctxs", "40")
     assert [r["dtype"] for r in report["rows"]] == ["bf16", "int8_pth"]
     assert "--kv8-dtypes int8_pth" in report["meta"]["command"]
 
