@@ -299,8 +299,8 @@ def balanced_split_counts(lens, programs, max_splits, min_split_tokens, block_n)
 @pytest.mark.parametrize("split_round,chunk", [("up", 256), ("down", 2)])
 def test_balanced_plan_matches_the_reference_for_mixed_lengths(params, monkeypatch, kv_quant, kv8, split_round, chunk):
     # launch key balance: one long sequence, short ones and a padded slot (0) share 21 or 28 programs per kv head;
-    # chunk 2 reads the lengths two at a time (the loop a batch beyond 256 takes), the programs numbered on across
-    # chunks
+    # chunk 256 reads the 7 lengths once, chunk 2 two at a time (the loop a batch beyond 256 takes), the programs
+    # numbered on across chunks
     monkeypatch.setattr(importlib.import_module("kernels.decode_attention.decode_attention"), "_BATCH_CHUNK", chunk)
     case = make_case([300, 3, 0, 70, 17, 5, 200], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16,
                      kv_quant=kv_quant, seed=9)
@@ -336,11 +336,16 @@ def test_balanced_plan_gives_each_sequence_its_share_of_the_programs(params, spl
            max_splits=10)
     case = make_case(lens, block_size=32, hkv=hkv, hq=hq, dtype=torch.bfloat16, seed=4)
     need = workspace_numel(len(lens), hq, hkv, d, "cpu")
-    assert need == (programs + len(lens)) * hq * (d + 1)  # rounding up adds less than one program per sequence
+    # rounding up adds less than one program per sequence; first come two ints per sequence for stage 2, padded to
+    # 16 bytes (7 sequences: 16 ints) so the partial outputs stay 16-byte aligned
+    assert need == 16 + (programs + len(lens)) * hq * (d + 1)
     ws = torch.full((need,), float("nan"))
     assert_close(run(case, workspace=ws), reference(case), torch.bfloat16)
     counts = balanced_split_counts(lens, programs, 10, 16, 16)
     assert counts == want
+    # what stage 1 handed stage 2: each sequence's first workspace row and split count
+    firsts = [sum(counts[:i]) for i in range(len(counts))]
+    assert ws[:2 * len(lens)].view(torch.int32).view(-1, 2).tolist() == [list(fc) for fc in zip(firsts, counts)]
     lse = ws[-(programs + len(lens)) * hq:].view(-1, hq)
     written, first = torch.zeros(lse.shape[0], dtype=torch.bool), 0
     for n in counts:
@@ -365,6 +370,22 @@ def test_balanced_plan_leaves_equal_lengths_and_one_sequence_as_they_were(params
     assert_close(run(case, workspace=ws), reference(case), torch.bfloat16)
     lse = ws[-(24 + 3) * 12:].view(-1, 12)
     assert torch.isfinite(lse[:24]).all() and torch.isnan(lse[24:]).all()
+
+
+def test_fp8_v_by_dim_takes_the_plan_without_balance(params):
+    # Triton compiles the balanced kernel for fp8 codes with V by dim (a layout no cache stores) with a shared-memory
+    # store past its allocation on the H200, so that layout takes the plan without balance: the workspace starts with
+    # partial outputs, not the (first row, splits) ints stage 1 hands stage 2 by token; the output matches either way
+    params(kv8={"BLOCK_N": 16, "balance": 1}, min_split_tokens=16, programs_per_cu=48, max_splits=10)
+    lens = [300, 3, 70]
+    case = make_case(lens, block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="fp8", seed=5)
+    counts = balanced_split_counts(lens, 3 * 8, 10, 16, 16)  # 48 / 2 kv heads / 3 sequences: 8 each without it
+    handed = [0, counts[0], counts[0], counts[1], counts[0] + counts[1], counts[2]]
+    for layout, plan_written in ((lambda v: v, True), (v_by_dim, False)):
+        ws = torch.full((workspace_numel(3, 12, 2, 32, "cpu", kv8=True),), float("nan"))
+        one = dict(case, v_cache=layout(case["v_cache"]))
+        assert_close(run(one, workspace=ws), reference(case), torch.bfloat16)
+        assert (ws[:6].view(torch.int32).tolist() == handed) is plan_written
 
 
 @pytest.mark.parametrize("q_scale", [3e4, 1e-4])

@@ -20,7 +20,7 @@ from ..kv_quant.layout import V_BY_DIM
 from . import launch_params
 
 _PTR = {"q": "*bf16", "k": "*u8", "v": "*u8", "ks": "*fp32", "vs": "*fp32", "block_table": "*i32",
-        "seq_lens": "*i32", "out": "*bf16", "ws_o": "*fp32", "ws_lse": "*fp32"}
+        "seq_lens": "*i32", "out": "*bf16", "ws_o": "*fp32", "ws_lse": "*fp32", "ws_plan": "*i32"}
 # (label, KV_QUANT, FP8_SOFTWARE, PTX): what each target can run
 _VARIANTS_CUDA = [("bf16", 0, False, False), ("int8 ptx", 2, False, True), ("fp8-sw ptx", 1, True, True),
                   ("fp8-hw ptx", 1, False, True), ("int8 portable", 2, False, False),

@@ -18,7 +18,8 @@ the device and a captured CUDA/HIP graph is valid for any context length.
 Launch key balance (batch > 1): the same number of programs, shared out by length. The grid is (programs + batch, kv
 heads); each program reads every sequence's length (_balanced_share: the batch's tiles, each sequence's part of the
 programs rounded up, the parts scaled down where rounding would start a second wave) and finds its sequence and split
-by a prefix sum (_balanced_split_of); stage 2 finds a sequence's workspace rows the same way (_balanced_rows_of).
+by a prefix sum (_balanced_split_of); each sequence's first program hands stage 2 its first workspace row and split
+count through the workspace.
 Without it every sequence gets as many splits as the longest, so one long request among short ones runs on a few
 programs while the rest of the chip idles (H200, one 32K among 4K ones: 2-4x the time with it).
 
@@ -182,58 +183,66 @@ def _add3(a0, a1, a2, b0, b1, b2):
 
 
 @triton.jit
-def _balanced_split_of(program, seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size,
-                       BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr, CHUNK: tl.constexpr):
-    """Launch key balance, stage 1: the (sequence, split, the sequence's split count) that program
-    ``program`` of a kv head works on. The programs of a kv head take the sequences' splits (_balanced_splits) in
-    batch order, so a sequence's first split is its first workspace row. Sequence -1: no work left (the grid has
-    ``programs`` + batch per kv head, each sequence's part rounding up by less than one)."""
-    total, share = _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, BLOCK_N,
-                                   PAGE_LOOP, CHUNK)
-    offs = tl.arange(0, CHUNK)
-    seq = tl.full([], -1, dtype=tl.int32)
-    first = tl.zeros([], dtype=tl.int32)  # this sequence's first program
-    taken = tl.zeros([], dtype=tl.int32)  # programs taken by the chunks before this one
-    for b0 in range(0, batch, CHUNK):
-        valid = b0 + offs < batch
-        lens = tl.load(seq_lens_ptr + b0 + offs, mask=valid, other=0)
-        counts = tl.where(valid, _balanced_splits(lens, _balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP),
-                                                  total, share, max_splits, min_split_tokens), 0)
-        before = tl.cumsum(counts, 0) + taken <= program  # sequences whose programs all come before this one
-        # one reduction: how many such sequences (the index of this program's one), their programs, the chunk's
-        n_before, programs_before, in_chunk = tl.reduce((before.to(tl.int32), tl.where(before, counts, 0), counts),
-                                                        0, _add3)
-        hit = (n_before < CHUNK) & (seq < 0)  # entries past the batch count 0 programs, so a hit is a real sequence
-        seq = tl.where(hit, b0 + n_before, seq)
-        first = tl.where(hit, taken + programs_before, first)
-        taken += in_chunk
-    n_splits = tl.zeros([], dtype=tl.int32)
-    if seq >= 0:
-        seq_len = tl.load(seq_lens_ptr + seq)
-        n_splits = _balanced_splits(seq_len, _balanced_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), total,
-                                    share, max_splits, min_split_tokens)
-    return seq, program - first, n_splits
+def _balanced_split_in_one(program, seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size,
+                           BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr, WIDTH: tl.constexpr):
+    """_balanced_split_of for a batch of up to WIDTH sequences: the lengths are read once and every pass runs on those
+    registers. (A second, 32-wide copy for batches up to 32 spilled registers into the 8-bit kernels' main loop:
+    1.05-1.07x their time, batch 1 included; H200, bench/results/2026-12-04-h200-balance-plan-handoff.md.)"""
+    offs = tl.arange(0, WIDTH)
+    valid = offs < batch
+    lens = tl.load(seq_lens_ptr + offs, mask=valid, other=0)
+    tiles = _balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP)
+    total = tl.maximum(tl.sum(tiles), 1)
+    need = tl.sum(tl.where(valid, _balanced_splits(lens, tiles, total, programs, max_splits, min_split_tokens), 0))
+    share = tl.where(need > programs, tl.maximum(2 * programs - need, 1), programs)  # as _balanced_share
+    counts = tl.where(valid, _balanced_splits(lens, tiles, total, share, max_splits, min_split_tokens), 0)
+    before = tl.cumsum(counts, 0) <= program  # sequences whose programs all come before this one
+    n_before, first, _ = tl.reduce((before.to(tl.int32), tl.where(before, counts, 0), counts), 0, _add3)
+    seq = tl.where(n_before < batch, n_before, -1)  # past the batch: every program is taken
+    here = offs == n_before
+    return seq, program - first, tl.sum(tl.where(here, counts, 0)), tl.sum(tl.where(here, lens, 0))
 
 
 @triton.jit
-def _balanced_rows_of(seq, seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size,
-                      BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr, CHUNK: tl.constexpr):
-    """Launch key balance, stage 2: (first workspace row, split count) of sequence ``seq``, as stage 1 numbered them
-    (_balanced_split_of)."""
-    total, share = _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, BLOCK_N,
-                                   PAGE_LOOP, CHUNK)
-    offs = tl.arange(0, CHUNK)
-    first = tl.zeros([], dtype=tl.int32)
-    for b0 in range(0, seq, CHUNK):  # the sequences before this one
-        valid = b0 + offs < seq
-        lens = tl.load(seq_lens_ptr + b0 + offs, mask=valid, other=0)
-        counts = _balanced_splits(lens, _balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP), total, share,
-                                  max_splits, min_split_tokens)
-        first += tl.sum(tl.where(valid, counts, 0))
-    seq_len = tl.load(seq_lens_ptr + seq)
-    n_splits = _balanced_splits(seq_len, _balanced_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), total, share,
-                                max_splits, min_split_tokens)
-    return first, n_splits
+def _balanced_split_of(program, seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size,
+                       BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr, CHUNK: tl.constexpr):
+    """Launch key balance, stage 1: the (sequence, split, the sequence's split count, its length) that program
+    ``program`` of a kv head works on. The programs of a kv head take the sequences' splits (_balanced_splits) in
+    batch order, so a sequence's first split is its first workspace row. Sequence -1: no work left (the grid has
+    ``programs`` + batch per kv head, each sequence's part rounding up by less than one). A batch of up to CHUNK
+    (256) sequences is read once (_balanced_split_in_one), a larger one CHUNK at a time, once per pass."""
+    if batch <= CHUNK:
+        seq, split, n_splits, seq_len = _balanced_split_in_one(program, seq_lens_ptr, batch, programs, max_splits,
+                                                               min_split_tokens, block_size, BLOCK_N, PAGE_LOOP,
+                                                               CHUNK)
+    else:
+        total, share = _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size,
+                                       BLOCK_N, PAGE_LOOP, CHUNK)
+        offs = tl.arange(0, CHUNK)
+        seq = tl.full([], -1, dtype=tl.int32)
+        first = tl.zeros([], dtype=tl.int32)  # this sequence's first program
+        taken = tl.zeros([], dtype=tl.int32)  # programs taken by the chunks before this one
+        for b0 in range(0, batch, CHUNK):
+            valid = b0 + offs < batch
+            lens = tl.load(seq_lens_ptr + b0 + offs, mask=valid, other=0)
+            counts = tl.where(valid, _balanced_splits(lens, _balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP),
+                                                      total, share, max_splits, min_split_tokens), 0)
+            before = tl.cumsum(counts, 0) + taken <= program
+            # one reduction: how many such sequences (the index of this program's one), their programs, the chunk's
+            n_before, programs_before, in_chunk = tl.reduce((before.to(tl.int32), tl.where(before, counts, 0),
+                                                             counts), 0, _add3)
+            hit = (n_before < CHUNK) & (seq < 0)  # entries past the batch count 0 programs: a hit is a sequence
+            seq = tl.where(hit, b0 + n_before, seq)
+            first = tl.where(hit, taken + programs_before, first)
+            taken += in_chunk
+        n_splits = tl.zeros([], dtype=tl.int32)
+        seq_len = tl.zeros([], dtype=tl.int32)
+        if seq >= 0:
+            seq_len = tl.load(seq_lens_ptr + seq)
+            n_splits = _balanced_splits(seq_len, _balanced_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), total,
+                                        share, max_splits, min_split_tokens)
+        split = program - first
+    return seq, split, n_splits, seq_len
 
 
 # Codes become fp16 bit patterns: e4m3 -> value * 2^-8 (subnormals included), int8 -> value * 2^-7.
@@ -446,7 +455,7 @@ def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_
 @triton.jit(do_not_specialize=["max_splits", "min_split_tokens", "batch", "balance_programs"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_table_ptr, seq_lens_ptr,
-    out_ptr, ws_o_ptr, ws_lse_ptr,
+    out_ptr, ws_o_ptr, ws_lse_ptr, ws_plan_ptr,
     scale_log2, max_splits, min_split_tokens, block_size, num_q_heads, batch, balance_programs,
     stride_qb, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -467,15 +476,21 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     ws_first = seq * max_splits
     n_splits_balanced = tl.zeros([], dtype=tl.int32)
+    seq_len_balanced = tl.zeros([], dtype=tl.int32)
     if BALANCE:
         # launch key balance: grid (balance_programs + batch, kv heads); this program's sequence and split come from
         # every sequence's share of the programs (_balanced_split_of), its workspace rows from its place among them.
         # balance_programs 0 (batch 1): the plan without it, in the same compiled kernel
         if balance_programs > 0:
-            seq, split, n_splits_balanced = _balanced_split_of(tl.program_id(0), seq_lens_ptr, batch,
-                                                               balance_programs, max_splits, min_split_tokens,
-                                                               block_size, BLOCK_N, PAGE_LOOP, BATCH_CHUNK)
+            seq, split, n_splits_balanced, seq_len_balanced = _balanced_split_of(
+                tl.program_id(0), seq_lens_ptr, batch, balance_programs, max_splits, min_split_tokens, block_size,
+                BLOCK_N, PAGE_LOOP, BATCH_CHUNK)
             ws_first = tl.program_id(0) - split
+            if (split == 0) & (kv_head == 0) & (seq >= 0):
+                # the sequence's (first workspace row, splits) for stage 2, which then need not redo the plan (before
+                # any return: a padded slot's 1 tells stage 2 there is nothing to merge)
+                tl.store(ws_plan_ptr + 2 * seq + tl.arange(0, 2), tl.where(tl.arange(0, 2) == 0, ws_first,
+                                                                           n_splits_balanced))
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -490,7 +505,13 @@ def _decode_split_kernel(
         if seq < 0:
             return  # past the programs the batch's sequences take
     q_ptrs = q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :]
-    seq_len = tl.load(seq_lens_ptr + seq)
+    known_len = False
+    if BALANCE:
+        known_len = balance_programs > 0
+    if known_len:
+        seq_len = seq_len_balanced  # the plan read it (no second load)
+    else:
+        seq_len = tl.load(seq_lens_ptr + seq)
     if Q_EARLY:
         # 8-bit caches work on q before the KV loop (its int8 pair or power-of-two scale): q's load goes out with
         # seq_len's (its address does not depend on it; every row of the batch is valid memory), so the two
@@ -616,26 +637,30 @@ def _decode_split_kernel(
         tl.store(ws_lse_ptr + row, lse, mask=h_mask)
 
 
-@triton.jit(do_not_specialize=["max_splits", "min_split_tokens", "batch", "balance_programs"])
+@triton.jit(do_not_specialize=["max_splits", "min_split_tokens", "balance_programs"])
 def _merge_splits_kernel(
-    ws_o_ptr, ws_lse_ptr, seq_lens_ptr, out_ptr,
-    max_splits, min_split_tokens, num_q_heads, block_size, batch, balance_programs,
+    ws_o_ptr, ws_lse_ptr, ws_plan_ptr, seq_lens_ptr, out_ptr,
+    max_splits, min_split_tokens, num_q_heads, block_size, balance_programs,
     stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_DM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr,
     MERGE: tl.constexpr, EVEN_SPLITS: tl.constexpr = False, BALANCE: tl.constexpr = False,
-    BATCH_CHUNK: tl.constexpr = 256,
 ):  # fmt: skip
     seq = tl.program_id(0)
     head = tl.program_id(1)
     d_chunk = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    _, n_splits = _split_range(seq_len, _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), max_splits,
-                               min_split_tokens, EVEN_SPLITS)
-    ws_first = seq * max_splits
+    use_plan = False
     if BALANCE:
-        if balance_programs > 0:  # 0: the plan without balance (batch 1), as stage 1 took it
-            ws_first, n_splits = _balanced_rows_of(seq, seq_lens_ptr, batch, balance_programs, max_splits,
-                                                   min_split_tokens, block_size, BLOCK_N, PAGE_LOOP, BATCH_CHUNK)
+        use_plan = balance_programs > 0
+    if use_plan:
+        # stage 1 wrote the sequence's (first workspace row, splits); balance_programs 0 (batch 1): the plan without
+        # balance, as stage 1 took it
+        ws_first = tl.load(ws_plan_ptr + 2 * seq)
+        n_splits = tl.load(ws_plan_ptr + 2 * seq + 1)
+    else:
+        seq_len = tl.load(seq_lens_ptr + seq)
+        _, n_splits = _split_range(seq_len, _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), max_splits,
+                                   min_split_tokens, EVEN_SPLITS)
+        ws_first = seq * max_splits
     if n_splits <= 1:
         return  # stage 1 wrote the output (or zeros for an empty slot)
 
@@ -709,11 +734,25 @@ class _Plan(NamedTuple):
         """Workspace rows (splits) per kv head."""
         return self.programs + batch if self.programs else batch * self.splits
 
+    def plan_ints(self, batch: int) -> int:
+        """int32 workspace elements stage 1 hands stage 2 (balance: each sequence's first row and split count), padded
+        to 16 bytes so the partial outputs after them stay 16-byte aligned at every batch size (Triton specializes on
+        a pointer's alignment: an odd batch would otherwise compile another kernel mid-run)."""
+        return -(-2 * batch // 4) * 4 if self.programs else 0
 
-def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8) -> _Plan:
+    def numel(self, batch: int, num_q_heads: int, head_dim: int) -> int:
+        """float32 workspace elements: the plan's ints, then each row's partial output and log-sum-exp."""
+        return self.plan_ints(batch) + self.rows(batch) * num_q_heads * (head_dim + 1)
+
+
+def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8, balance_ok=True) -> _Plan:
+    """balance_ok False: the plan without launch key balance whatever the entry says (its workspace fits in the one
+    workspace_numel sizes with it: batch x splits rows against batch x splits + batch)."""
     target = launch_params.current_target(device)
     entry = launch_params.get_params(target)
     launch = dict(entry["kv8" if kv8 else "kv16"])
+    if not balance_ok:
+        launch["balance"] = 0
     round_down = launch.get("split_round", launch_params.LAUNCH_DEFAULTS["split_round"]) == "down"
     programs = 0
     if num_splits is None:
@@ -744,7 +783,7 @@ def workspace_numel(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: i
     """float32 elements of workspace ``decode_attention`` needs for a batch of this size (for
     preallocating one buffer for the largest batch a CUDA graph captures)."""
     plan = _plan(batch, num_q_heads, num_kv_heads, head_dim, torch.device(device), num_splits, kv8)
-    return plan.rows(batch) * num_q_heads * (head_dim + 1)
+    return plan.numel(batch, num_q_heads, head_dim)
 
 
 def _fail(msg: str):
@@ -782,17 +821,24 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     _, block_size, hkv, _ = k_cache.shape
     if num_splits is not None and (not isinstance(num_splits, int) or not 1 <= num_splits <= 65535):
         _fail(f"num_splits must be an int in [1, 65535] (the grid's z limit), got {num_splits!r}")
-    plan = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None)
+    v_by_dim = v_cache.stride(1) == 1
+    # fp8 codes with V by dim (a layout no cache stores; bench --v-layouts measures it) take the plan without balance:
+    # Triton 3.6 compiles the balanced kernel for it, sm90 entry, early_convert 1 or 2, with a shared-memory store
+    # past the block's allocation (compute-sanitizer on the H200, 2026-12-03: an illegal address at the fp16 P x V)
+    plan = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None,
+                 balance_ok=not (kv_quant == "fp8" and v_by_dim))
     rows = plan.rows(batch) * hq
-    need = rows * (d + 1)
+    need = plan.numel(batch, hq, d)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.float32, device=q.device)
     elif workspace.dtype != torch.float32 or workspace.dim() != 1 or workspace.numel() < need:
         _fail(f"workspace must be float32 1-D with >= {need} elements, got {tuple(workspace.shape)} {workspace.dtype}")
     if batch == 0:
         return out
-    ws_o = workspace[: rows * d]
-    ws_lse = workspace[rows * d : need]
+    n_plan = plan.plan_ints(batch)
+    ws_plan = workspace[:n_plan].view(torch.int32) if n_plan else seq_lens  # seq_lens: unused placeholder
+    ws_o = workspace[n_plan : n_plan + rows * d]
+    ws_lse = workspace[n_plan + rows * d : need]
     if kv_quant is None:
         k_scales = v_scales = seq_lens  # unused placeholders
         ks_strides = vs_strides = (0, 0, 0)
@@ -801,14 +847,13 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     if software_fp8 is None:
         software_fp8 = kv_quant == "fp8" and use_software_fp8()
     block_d = triton.next_power_of_2(d)
-    consts, options = split_kernel_launch(plan.launch, block_size, _KV_QUANT[kv_quant],
-                                          v_by_dim=v_cache.stride(1) == 1)
+    consts, options = split_kernel_launch(plan.launch, block_size, _KV_QUANT[kv_quant], v_by_dim=v_by_dim)
     splits, min_split, programs = plan.splits, plan.min_split, plan.programs
     grid = (programs + batch, hkv, 1) if programs else (batch, hkv, splits)
 
     _decode_split_kernel[grid](
         q, k_cache, v_cache, k_scales, v_scales, block_table, seq_lens,
-        out, ws_o, ws_lse,
+        out, ws_o, ws_lse, ws_plan,
         float(scale) * _LOG2E, splits, min_split, block_size, hq, batch, programs,
         q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride(), *ks_strides, *vs_strides,
@@ -819,9 +864,8 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     if splits > 1:  # some sequence may have more than one split
         block_dm = min(_MERGE_DIM, block_d)
         _merge_splits_kernel[(batch, hq, triton.cdiv(d, block_dm))](
-            ws_o, ws_lse, seq_lens, out, splits, min_split, hq, block_size, batch, programs, out.stride(0),
+            ws_o, ws_lse, ws_plan, seq_lens, out, splits, min_split, hq, block_size, programs, out.stride(0),
             out.stride(1), HEAD_DIM=d, BLOCK_DM=block_dm, BLOCK_N=consts["BLOCK_N"], PAGE_LOOP=consts["PAGE_LOOP"],
-            MERGE=_MERGE_SPLITS, EVEN_SPLITS=consts["EVEN_SPLITS"], BALANCE=consts["BALANCE"],
-            BATCH_CHUNK=consts["BATCH_CHUNK"], num_warps=4,
+            MERGE=_MERGE_SPLITS, EVEN_SPLITS=consts["EVEN_SPLITS"], BALANCE=consts["BALANCE"], num_warps=4,
         )  # fmt: skip
     return out

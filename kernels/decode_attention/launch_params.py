@@ -118,7 +118,9 @@ PARAMS = {
         # length; against the same entry without it in one call (bench/results/2026-12-03-h200-balanced-splits.md):
         # one 32K request among 4K ones 0.23-0.53x the time at batch 4-64, a 16-32K spread 0.78-1.00x at 32K and
         # 0.87-1.07x at 8K, equal lengths 0.94-1.09x from 16K and 1.06-1.20x at 4K (the plan's passes over the
-        # batch's lengths, ~1-4 us); batch 1 keeps the plan without it
+        # batch's lengths, ~1-4 us); batch 1 keeps the plan without it. Eighteenth session: stage 1 reads a batch's
+        # lengths once and hands stage 2 each sequence's rows, 0.89-0.97x the time at 4K (batch > 1), 0.97-1.01x from
+        # 16K (bench/results/2026-12-04-h200-balance-plan-handoff.md)
         "kv16": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "balance": 1},
         # kv8: pages in an outer loop, so the pipeliner keeps 2 tiles in flight (with the block-table read in the
         # tile loop it kept one whatever num_stages said); at 3 stages its shared memory leaves 2 programs per SM,
