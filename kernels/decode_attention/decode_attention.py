@@ -155,6 +155,14 @@ def _balanced_splits(lens, tiles, total, share, max_splits, min_split_tokens):
 
 
 @triton.jit
+def _share_within(need, programs):
+    """Launch key balance: the programs the sequences' parts are taken of, given the ``need`` their parts of
+    ``programs`` add up to once rounded up: ``programs``, or less the overflow (at least 1) where they exceed it
+    (_balanced_share says why)."""
+    return tl.where(need > programs, tl.maximum(2 * programs - need, 1), programs)
+
+
+@triton.jit
 def _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, BLOCK_N: tl.constexpr,
                     PAGE_LOOP: tl.constexpr, CHUNK: tl.constexpr):
     """Launch key balance: (the batch's tiles, the programs its sequences' parts are taken of). Rounding each part up
@@ -174,7 +182,7 @@ def _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens,
         counts = _balanced_splits(lens, _balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP), total, programs,
                                   max_splits, min_split_tokens)
         need += tl.sum(tl.where(valid, counts, 0))
-    return total, tl.where(need > programs, tl.maximum(2 * programs - need, 1), programs)
+    return total, _share_within(need, programs)
 
 
 @triton.jit
@@ -194,7 +202,7 @@ def _balanced_split_in_one(program, seq_lens_ptr, batch, programs, max_splits, m
     tiles = _balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP)
     total = tl.maximum(tl.sum(tiles), 1)
     need = tl.sum(tl.where(valid, _balanced_splits(lens, tiles, total, programs, max_splits, min_split_tokens), 0))
-    share = tl.where(need > programs, tl.maximum(2 * programs - need, 1), programs)  # as _balanced_share
+    share = _share_within(need, programs)
     counts = tl.where(valid, _balanced_splits(lens, tiles, total, share, max_splits, min_split_tokens), 0)
     before = tl.cumsum(counts, 0) <= program  # sequences whose programs all come before this one
     n_before, first, _ = tl.reduce((before.to(tl.int32), tl.where(before, counts, 0), counts), 0, _add3)
