@@ -62,8 +62,14 @@ matrix operands (no fp16 copy in shared memory; with the reduction axis contiguo
 H200, against the by-token fp16 path with the previous sm90 entry in the same calls (bench/results/2026-12-03-h200-
 device-runs-9.md, calls A and B): 0.967 / 0.974x its time (geomean over batch 1/4/16/64 x 4-32K); batch 64
 0.92-0.93x (83-91% of copy bandwidth; int8 / bf16 at 16-32K 0.59-0.62 against 0.65-0.68), batch 1-16 0.97-1.01x.
-fp8 codes must become fp16 first, so fp8 caches keep V by token (the fp16 path on a V by dim took 1.3-2.0x its
-by-token time for fp8, 2.4-5.7x for int8: Triton stages the converted tile with byte gathers; H200, 2026-12-03).
+fp8 codes must become fp16 first, so fp8 caches keep V by token. With V by dim, the page loop reads a tile's slots as
+one contiguous run whatever the sequence's end (V_CONTIG, as the int8 path does; slots past the end have P' = 0, and
+their codes go through the integer e4m3 decode, which makes every code finite where hardware decode makes 0x7f a
+NaN): 1.05-1.09x the by-token time (geomean over batch 1/4/16/64 x 4-32K, per fp8 decode), and with early_convert 0
+(codes from shared memory straight into the dot operand, converted there: no fp16 tile in shared memory, 76.8 KB
+against 109.6 KB) 1.01-1.05x, 0.92-1.16x per cell; at 3 programs per SM 1.1-1.3x at batch 64 (H200, two calls,
+bench/results/2026-12-04-h200-fp8-v-by-dim.md). Before V_CONTIG the by-dim fp16 path took 1.3-2.0x its by-token
+time (Triton gathered the clamped rows' bytes one by one).
 Scores are not clamped: |q . k x scale| must stay within float32 (the prefill kernel saturates S
 at +-3e38 for inputs beyond that).
 Rows past the end of a sequence re-read its last token instead of being masked, so the K/V loads
@@ -406,7 +412,8 @@ def _kv_rows(tile, bt_row, last, block_size, offs_n, last_page, BLOCK_N: tl.cons
 @triton.jit
 def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_d, stride_vd, key_ok, s_mult, kv_mask,
                  kv_other, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX: tl.constexpr, K_PURE: tl.constexpr,
-                 V_PURE: tl.constexpr, INT8_QK: tl.constexpr, INT8_PV: tl.constexpr = False):
+                 V_PURE: tl.constexpr, INT8_QK: tl.constexpr, INT8_PV: tl.constexpr = False,
+                 V_CONTIG: tl.constexpr = False):
     """One KV tile of the online softmax; returns (acc, m, l). k_rows / v_rows: a pointer per key to its row of
     head_dim values; key_ok: the keys that count (not past the sequence, not already done). INT8_QK: q is the
     int8 pair (q, q_lo) of _q_int8_pair and s_mult its per-row factor; K's codes go to the dot unconverted.
@@ -453,7 +460,9 @@ def _tile_update(q, q_lo, acc, m_i, l_i, k_rows, v_rows, ks_ptrs, vs_ptrs, offs_
         acc = acc * alpha[:, None] + pv
     else:
         if KV_QUANT != 0:
-            v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE, PTX, V_PURE)
+            # V_CONTIG: slots past the sequence hold whatever codes (P' = 0 there); the integer e4m3 decode makes every
+            # code finite (hardware decode makes 0x7f NaN, and 0 x NaN is NaN); same values as the hardware path
+            v = _codes_to_f16(v, KV_QUANT, FP8_SOFTWARE or V_CONTIG, PTX, V_PURE)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
@@ -478,6 +487,7 @@ def _decode_split_kernel(
     K_PURE: tl.constexpr = False, V_PURE: tl.constexpr = False, PAGE_LOOP: tl.constexpr = False,
     INT8_QK: tl.constexpr = False, INT8_PV: tl.constexpr = False, Q_EARLY: tl.constexpr = False,
     EVEN_SPLITS: tl.constexpr = False, BALANCE: tl.constexpr = False, BATCH_CHUNK: tl.constexpr = 256,
+    V_CONTIG: tl.constexpr = False,
 ):  # fmt: skip
     kv_head = tl.program_id(1)
     seq = tl.program_id(0)
@@ -601,10 +611,11 @@ def _decode_split_kernel(
                 slots = tl.minimum(start, block_size - BLOCK_N) + offs_n
                 key_ok = (slots >= start) & (first_tok + slots < seq_len)
                 slot = tl.minimum(slots, last - first_tok)
-                if INT8_PV:
+                if V_CONTIG:
                     # V by dim: unclamped slots keep the tile's tokens contiguous (the pipeliner then copies whole
                     # runs); they stay inside the page (valid memory), and keys past the end have P' = 0 exactly,
-                    # so whatever int8 codes those slots hold add 0 x code = 0
+                    # so whatever codes those slots hold add 0 x code = 0 (int8 codes are all finite; fp8 codes take
+                    # the integer decode there, _tile_update)
                     v_slot = slots
                 else:
                     v_slot = slot
@@ -613,7 +624,7 @@ def _decode_split_kernel(
                     k_head + phys * stride_kb + slot * stride_kt, v_head + phys * stride_vb + v_slot * stride_vt,
                     ks_head + phys * stride_ksb + slot * stride_kst, vs_head + phys * stride_vsb + slot * stride_vst,
                     offs_d, stride_vd, key_ok, s_mult, kv_mask, kv_other, KV_QUANT, FP8_SOFTWARE, PTX, K_PURE, V_PURE,
-                    INT8_QK, INT8_PV,
+                    INT8_QK, INT8_PV, V_CONTIG,
                 )  # fmt: skip
     else:
         last_page = last // block_size
@@ -725,7 +736,7 @@ def split_kernel_launch(launch: dict, block_size: int, kv_quant: int, v_by_dim: 
                   PAGE_LOOP=bool(options.pop("page_loop", defaults["page_loop"])) and block_size >= block_n,
                   K_PURE=early_convert < 2, V_PURE=early_convert < 1,
                   INT8_QK=bool(options.pop("int8_qk", defaults["int8_qk"])) and kv_quant == 2,
-                  INT8_PV=kv_quant == 2 and v_by_dim,
+                  INT8_PV=kv_quant == 2 and v_by_dim, V_CONTIG=kv_quant != 0 and v_by_dim,
                   Q_EARLY=bool(options.pop("q_early", defaults["q_early"])) and kv_quant != 0,
                   EVEN_SPLITS=bool(options.pop("even_splits", defaults["even_splits"])),
                   BALANCE=balance, BATCH_CHUNK=_BATCH_CHUNK)
@@ -753,14 +764,10 @@ class _Plan(NamedTuple):
         return self.plan_ints(batch) + self.rows(batch) * num_q_heads * (head_dim + 1)
 
 
-def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8, balance_ok=True) -> _Plan:
-    """balance_ok False: the plan without launch key balance whatever the entry says (its workspace fits in the one
-    workspace_numel sizes with it: batch x splits rows against batch x splits + batch)."""
+def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8) -> _Plan:
     target = launch_params.current_target(device)
     entry = launch_params.get_params(target)
     launch = dict(entry["kv8" if kv8 else "kv16"])
-    if not balance_ok:
-        launch["balance"] = 0
     round_down = launch.get("split_round", launch_params.LAUNCH_DEFAULTS["split_round"]) == "down"
     programs = 0
     if num_splits is None:
@@ -816,7 +823,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     kv_heads, head_dim], q's dtype, or uint8 codes with kv_quant "fp8" / "int8" and float32
     k_scales, v_scales [num_blocks, block_size, kv_heads] (any strides). K is contiguous in head_dim; V may have any
     head_dim stride: an int8 cache's V by dim (tokens contiguous, as kv_quant.layout.split_kv_cache makes it) takes
-    the int8 x int8 P x V path; every other layout the fp16 path (fp8 V by dim: 1.3-2.0x its by-token time on the
+    the int8 x int8 P x V path; every other layout the fp16 path (fp8 V by dim: 1.05-1.09x its by-token time on the
     H200, bench --v-layouts token,dim). block_table: int32
     [>= batch, max_blocks]; seq_lens: int32 [batch] (0 = padded slot, output zeros).
     software_fp8: decode fp8 with integer ops (None: kernels.fp8_e4m3.use_software_fp8()).
@@ -830,11 +837,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     if num_splits is not None and (not isinstance(num_splits, int) or not 1 <= num_splits <= 65535):
         _fail(f"num_splits must be an int in [1, 65535] (the grid's z limit), got {num_splits!r}")
     v_by_dim = v_cache.stride(1) == 1
-    # fp8 codes with V by dim (a layout no cache stores; bench --v-layouts measures it) take the plan without balance:
-    # Triton 3.6 compiles the balanced kernel for it, sm90 entry, early_convert 1 or 2, with a shared-memory store
-    # past the block's allocation (compute-sanitizer on the H200, 2026-12-03: an illegal address at the fp16 P x V)
-    plan = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None,
-                 balance_ok=not (kv_quant == "fp8" and v_by_dim))
+    plan = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None)
     rows = plan.rows(batch) * hq
     need = plan.numel(batch, hq, d)
     if workspace is None:
