@@ -493,22 +493,24 @@ def _decode_split_kernel(
     seq = tl.program_id(0)
     split = tl.program_id(2)
     ws_first = seq * max_splits
+    # launch key balance: grid (balance_programs + batch, kv heads); this program's sequence and split come from every
+    # sequence's share of the programs (_balanced_split_of), its workspace rows from its place among them.
+    # balance_programs 0 (batch 1): the plan without it, in the same compiled kernel
+    balanced = False
+    if BALANCE:
+        balanced = balance_programs > 0
     n_splits_balanced = tl.zeros([], dtype=tl.int32)
     seq_len_balanced = tl.zeros([], dtype=tl.int32)
-    if BALANCE:
-        # launch key balance: grid (balance_programs + batch, kv heads); this program's sequence and split come from
-        # every sequence's share of the programs (_balanced_split_of), its workspace rows from its place among them.
-        # balance_programs 0 (batch 1): the plan without it, in the same compiled kernel
-        if balance_programs > 0:
-            seq, split, n_splits_balanced, seq_len_balanced = _balanced_split_of(
-                tl.program_id(0), seq_lens_ptr, batch, balance_programs, max_splits, min_split_tokens, block_size,
-                BLOCK_N, PAGE_LOOP, BATCH_CHUNK)
-            ws_first = tl.program_id(0) - split
-            if (split == 0) & (kv_head == 0) & (seq >= 0):
-                # the sequence's (first workspace row, splits) for stage 2, which then need not redo the plan (before
-                # any return: a padded slot's 1 tells stage 2 there is nothing to merge)
-                tl.store(ws_plan_ptr + 2 * seq + tl.arange(0, 2), tl.where(tl.arange(0, 2) == 0, ws_first,
-                                                                           n_splits_balanced))
+    if balanced:
+        seq, split, n_splits_balanced, seq_len_balanced = _balanced_split_of(
+            tl.program_id(0), seq_lens_ptr, batch, balance_programs, max_splits, min_split_tokens, block_size, BLOCK_N,
+            PAGE_LOOP, BATCH_CHUNK)
+        ws_first = tl.program_id(0) - split
+        if (split == 0) & (kv_head == 0) & (seq >= 0):
+            # the sequence's (first workspace row, splits) for stage 2, which then need not redo the plan (before any
+            # return: a padded slot's 1 tells stage 2 there is nothing to merge)
+            tl.store(ws_plan_ptr + 2 * seq + tl.arange(0, 2), tl.where(tl.arange(0, 2) == 0, ws_first,
+                                                                       n_splits_balanced))
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -519,14 +521,11 @@ def _decode_split_kernel(
     q_heads = kv_head * GROUP + offs_h
     out_offs = seq * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :]
 
-    if BALANCE:
+    if balanced:
         if seq < 0:
             return  # past the programs the batch's sequences take
     q_ptrs = q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :]
-    known_len = False
-    if BALANCE:
-        known_len = balance_programs > 0
-    if known_len:
+    if balanced:
         seq_len = seq_len_balanced  # the plan read it (no second load)
     else:
         seq_len = tl.load(seq_lens_ptr + seq)
@@ -537,11 +536,11 @@ def _decode_split_kernel(
         # only needs q in the loop, ran 1.04-1.09x slower at batch 1 with it, so it loads q after the checks)
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)
     n_tiles = _num_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP)
-    tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens, EVEN_SPLITS)
-    if BALANCE:
-        if balance_programs > 0:
-            n_splits = n_splits_balanced
-            tiles_per_split = n_tiles // n_splits  # spread as even_splits spreads them (_split_tiles)
+    if balanced:
+        n_splits = n_splits_balanced
+        tiles_per_split = n_tiles // n_splits  # spread as even_splits spreads them (_split_tiles below)
+    else:
+        tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens, EVEN_SPLITS)
 
     if seq_len <= 0:
         # padded batch slot (CUDA graphs): defined output, no KV reads
@@ -555,10 +554,10 @@ def _decode_split_kernel(
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)
 
     bt_row = block_table_ptr + seq * stride_btb
-    tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, EVEN_SPLITS)
-    if BALANCE:
-        if balance_programs > 0:
-            tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, True)
+    if balanced:
+        tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, True)
+    else:
+        tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, EVEN_SPLITS)
     if PAGE_LOOP:
         # the split's first block-table entry is read before q is worked on below, so its latency overlaps that work
         tiles_per_page = tl.cdiv(block_size, BLOCK_N)
