@@ -274,16 +274,16 @@ _PTX_INT8 = tl.constexpr("""{
     sub.f16x2 $1, a1, k;
 }""")  # bytes x ^ 0x80 under fp16 exponent 0x48: 8 + (x + 128) / 128; minus 9 leaves x / 128
 _PTX_E4M3_SW = tl.constexpr("""{
-    .reg .b32 a0, a1, b0, b1;
-    prmt.b32 a0, 0, $2, 0x5040;
-    prmt.b32 a1, 0, $2, 0x7060;
-    lop3.b32 b0, a0, 0x7fff7fff, 0, 0xc0;
-    lop3.b32 b1, a1, 0x7fff7fff, 0, 0xc0;
-    shr.b32 b0, b0, 1;
-    shr.b32 b1, b1, 1;
-    lop3.b32 $0, b0, 0x80008000, a0, 0xf8;
-    lop3.b32 $1, b1, 0x80008000, a1, 0xf8;
-}""")  # integer ops only: code c in a 16-bit lane as c << 8; (lane & 0x7fff) >> 1 | sign = e4m3 bits as fp16 / 256
+    .reg .b32 a0, a1;
+    prmt.b32 a0, $2, 0, 0x9180;
+    prmt.b32 a1, $2, 0, 0xb3a2;
+    shl.b32 a0, a0, 7;
+    shl.b32 a1, a1, 7;
+    and.b32 $0, a0, 0xbf80bf80;
+    and.b32 $1, a1, 0xbf80bf80;
+}""")  # integer ops only: code c sign-extended into a 16-bit lane (prmt's byte-sign mode), << 7 puts its sign at bit 15
+# and exponent / mantissa under fp16's; the mask clears the sign's copy at bit 14 (and the bits the 32-bit shift carries
+# over from the lane below): e4m3 bits as fp16 / 256, 6 instructions per 4 codes (the form before, 8)
 _PTX_E4M3_HW = tl.constexpr("""{
     .reg .b16 l, h;
     .reg .b32 a0, a1, k;
@@ -293,7 +293,9 @@ _PTX_E4M3_HW = tl.constexpr("""{
     cvt.rn.f16x2.e4m3x2 a1, h;
     mul.f16x2 $0, a0, k;
     mul.f16x2 $1, a1, k;
-}""")  # hardware e4m3 -> fp16, times 2^-8 (exact) to match the software path bit for bit
+}""")  # hardware e4m3 -> fp16, times 2^-8 (exact) to match the software path bit for bit (without the multiply, with the
+# power of two moved into S's and the output's factors: 0.993-1.000x the time, so not worth a second convention; H200,
+# bench/results/2026-12-04-h200-fp8-v-by-dim.md, call 4)
 
 
 @triton.jit
@@ -312,7 +314,9 @@ def _codes_to_f16(codes, KV_QUANT: tl.constexpr, FP8_SOFTWARE: tl.constexpr, PTX
     elif KV_QUANT == 2:
         return codes.to(tl.int8, bitcast=True).to(tl.float16) * 0.0078125
     elif FP8_SOFTWARE:
-        # sign to bit 15 (x + (x & 0x80) carries bit 7 into bit 8), exponent and mantissa under fp16's
+        # sign to bit 15 (x + (x & 0x80) carries bit 7 into bit 8), exponent and mantissa under fp16's (the PTX's
+        # sign-extending form, written with Triton ops, took 252 VGPRs against 204 for gfx936 and 254 against 244
+        # registers for sm90: compile_check, 2026-12-04)
         x = codes.to(tl.int16)
         return ((x + (x & 0x80)) << 7).to(tl.float16, bitcast=True)
     else:
