@@ -383,7 +383,7 @@ def test_fp8_v_by_dim_takes_the_balanced_plan_as_by_token_does(params):
     lens = [300, 3, 70]
     case = make_case(lens, block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="fp8", seed=5)
     counts = balanced_split_counts(lens, 3 * 8, 10, 16, 16)  # 48 / 2 kv heads / 3 sequences: 8 each without it
-    handed = [0, counts[0], counts[0], counts[1], counts[0] + counts[1], counts[2]]
+    handed = [x for i, n in enumerate(counts) for x in (sum(counts[:i]), n)]  # (first row, splits) per sequence
     for layout in (lambda v: v, v_by_dim):
         ws = torch.full((workspace_numel(3, 12, 2, 32, "cpu", kv8=True),), float("nan"))
         one = dict(case, v_cache=layout(case["v_cache"]))

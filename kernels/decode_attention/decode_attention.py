@@ -16,10 +16,11 @@ sequence's length (launch key even_splits: the tiles spread evenly over min(want
 cdiv(tiles, wanted) tiles per split, which can leave wanted splits without work). So nothing is read back from
 the device and a captured CUDA/HIP graph is valid for any context length.
 Launch key balance (batch > 1): the same number of programs, shared out by length. The grid is (programs + batch, kv
-heads); each program reads every sequence's length (_balanced_share: the batch's tiles, each sequence's part of the
-programs rounded up, the parts scaled down where rounding would start a second wave) and finds its sequence and split
-by a prefix sum (_balanced_split_of); each sequence's first program hands stage 2 its first workspace row and split
-count through the workspace.
+heads); each program reads every sequence's length, once for a batch of up to 256 (_balanced_split_in_one; larger
+batches chunk by chunk, _balanced_share), works out the batch's tiles and each sequence's part of the programs (rounded
+up, the parts scaled down where rounding would start a second wave, _share_within) and finds its sequence and split by
+a prefix sum (_balanced_split_of); each sequence's first program hands stage 2 its first workspace row and split count
+through the workspace.
 Without it every sequence gets as many splits as the longest, so one long request among short ones runs on a few
 programs while the rest of the chip idles (H200, one 32K among 4K ones: 2-4x the time with it).
 
