@@ -294,9 +294,9 @@ _PTX_E4M3_HW = tl.constexpr("""{
     cvt.rn.f16x2.e4m3x2 a1, h;
     mul.f16x2 $0, a0, k;
     mul.f16x2 $1, a1, k;
-}""")  # hardware e4m3 -> fp16, times 2^-8 (exact) to match the software path bit for bit (without the multiply, with the
-# power of two moved into S's and the output's factors: 0.993-1.000x the time, so not worth a second convention; H200,
-# bench/results/2026-12-04-h200-fp8-v-by-dim.md, call 4)
+}""")  # hardware e4m3 -> fp16, times 2^-8 (exact) to match the software path bit for bit (without the multiply, with
+# the power of two moved into S's and the output's factors: 0.993-1.000x the time, so not worth a second convention;
+# H200, bench/results/2026-12-04-h200-fp8-v-by-dim.md, call 4)
 
 
 @triton.jit
