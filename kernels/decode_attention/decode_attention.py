@@ -529,11 +529,10 @@ def _decode_split_kernel(
     if balanced:
         if seq < 0:
             return  # past the programs the batch's sequences take
-    q_ptrs = q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :]
-    if balanced:
         seq_len = seq_len_balanced  # the plan read it (no second load)
     else:
         seq_len = tl.load(seq_lens_ptr + seq)
+    q_ptrs = q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :]
     if Q_EARLY:
         # 8-bit caches work on q before the KV loop (its int8 pair or power-of-two scale): q's load goes out with
         # seq_len's (its address does not depend on it; every row of the batch is valid memory), so the two
@@ -671,10 +670,10 @@ def _merge_splits_kernel(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     d_chunk = tl.program_id(2)
-    use_plan = False
+    balanced = False
     if BALANCE:
-        use_plan = balance_programs > 0
-    if use_plan:
+        balanced = balance_programs > 0
+    if balanced:
         # stage 1 wrote the sequence's (first workspace row, splits); balance_programs 0 (batch 1): the plan without
         # balance, as stage 1 took it
         ws_first = tl.load(ws_plan_ptr + 2 * seq)
