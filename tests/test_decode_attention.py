@@ -87,7 +87,8 @@ def assert_close(out, want, dtype):
     assert torch.isfinite(out).all()
     err = out.double() - want
     max_abs, rel = err.abs().max().item(), (err.norm() / want.norm()).item()
-    assert max_abs < TOL[dtype][0] and rel < TOL[dtype][1], f"max abs error {max_abs}, relative {rel}, limits {TOL[dtype]}"
+    assert max_abs < TOL[dtype][0] and rel < TOL[dtype][1], \
+        f"max abs error {max_abs}, relative {rel}, limits {TOL[dtype]}"
 
 
 @pytest.fixture
@@ -598,7 +599,8 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     assert entry["kv8"]["num_warps"] == 8 and entry["programs_per_cu"] == 3
     assert entry["measured"] is False
     assert json.dumps(launch_params.PARAMS, sort_keys=True) == table_before  # the table itself is untouched
-    assert launch_params.get_params("sm90", override="")["programs_per_cu"] == launch_params.PARAMS["sm90"]["programs_per_cu"]
+    table_ppc = launch_params.PARAMS["sm90"]["programs_per_cu"]
+    assert launch_params.get_params("sm90", override="")["programs_per_cu"] == table_ppc
 
 
 @pytest.mark.parametrize("text,match", [

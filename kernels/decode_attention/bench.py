@@ -210,7 +210,8 @@ def native_v_layout(dtype):
 def ours_fn(c, num_splits=None):
     kw = {}
     if "kv_quant" in c:
-        kw = dict(k_scales=c["k_scales"], v_scales=c["v_scales"], kv_quant=c["kv_quant"], software_fp8=c["software_fp8"])
+        kw = dict(k_scales=c["k_scales"], v_scales=c["v_scales"], kv_quant=c["kv_quant"],
+                  software_fp8=c["software_fp8"])
     ws = torch.empty(workspace_numel(c["q"].shape[0], HQ, HKV, D, c["q"].device, kv8="kv_quant" in c,
                                      num_splits=num_splits), dtype=torch.float32, device=DEV)
 
@@ -315,7 +316,7 @@ def splits_label(batch, device, kv8):
     return f"b{plan.programs}" if plan.programs else plan.splits
 
 
-def launch_grid():
+def launch_grid():  # noqa: F811 - dry_run_setup's `global launch_grid` replaces it at toy shapes
     """(BLOCK_N, num_warps, num_stages[, waves_per_eu]) candidates per KV width, kept small: every one is a compile."""
     if torch.version.hip:
         grid = [(16, 4, 1, 2), (32, 4, 1, 1), (32, 4, 1, 2), (32, 8, 1, 2), (32, 4, 2, 2), (64, 4, 1, 2), (64, 8, 1, 2)]

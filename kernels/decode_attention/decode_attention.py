@@ -696,7 +696,8 @@ def _merge_splits_kernel(
         s_mask = first + offs_s < n_splits
         row = (ws_first + first + offs_s) * num_q_heads + head
         lse = tl.load(ws_lse_ptr + row, mask=s_mask, other=float("-inf"))
-        o = tl.load(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+        o = tl.load(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :],
+                    other=0.0)
         m_new = tl.maximum(m, tl.max(lse, axis=0))
         alpha = tl.exp2(m - m_new)
         w = tl.exp2(lse - m_new)
