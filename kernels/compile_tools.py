@@ -80,3 +80,53 @@ def amdgcn_usage(gcn: str) -> dict:
 
     return dict(regs=field("vgpr_count"), sgprs=field("sgpr_count"), spills=field("vgpr_spill_count"),
                 scratch=field("private_segment_fixed_size"), barriers=gcn.count("s_barrier"))
+
+
+_SASS_INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+_SASS_LABEL = re.compile(r"^\.(L_x_\d+):")
+_SASS_BACK_BRANCH = re.compile(r"\bBRA\s+`\(\.(L_x_\d+)\)")
+_MATRIX_OPS = ("HMMA", "IMMA", "HGMMA", "IGMMA", "QMMA")
+
+
+def sass_tile_loop(sass: str) -> dict | None:
+    """The tile loop of a kernel's SASS (``nvdisasm -c`` text): the smallest loop, from a label to a branch back to
+    it, that holds matrix instructions. Returns its instruction count and its opcodes by count ({} order: most first),
+    or None when no loop holds one. What one step of the kernel's main loop issues per thread, the number to set
+    against its time (H200, fp8 decode: instructions per tile x warps / cycles per tile = issue rate)."""
+    lines = sass.splitlines()
+    labels = {}
+    for i, line in enumerate(lines):
+        m = _SASS_LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = i
+    best = None
+    for i, line in enumerate(lines):
+        m = _SASS_BACK_BRANCH.search(line)
+        if not m or labels.get(m.group(1), i) >= i:
+            continue
+        ops = [mm.group(1) for mm in map(_SASS_INSTR.match, lines[labels[m.group(1)]:i + 1]) if mm]
+        if any(op in _MATRIX_OPS for op in ops) and (best is None or len(ops) < len(best)):
+            best = ops
+    if best is None:
+        return None
+    counts = {}
+    for op in best:
+        counts[op] = counts.get(op, 0) + 1
+    return dict(instructions=len(best), ops=dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))))
+
+
+def nvdisasm(cubin: bytes) -> str:
+    """``nvdisasm -c`` of a cubin, with the nvdisasm Triton ships."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        out = subprocess.run([tool, "-c", path], capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    if out.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {out.stderr.strip()[-300:]}")
+    return out.stdout

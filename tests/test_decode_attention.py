@@ -938,14 +938,19 @@ def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
 
     repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "kernels.decode_attention.compile_check", "--json"], cwd=repo,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "kernels.decode_attention.compile_check", "--json", "--tile-loop"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout)
     assert len(rows) == 7 + 3
     for r in rows:
         assert "error" not in r, r
         assert r["shared"] <= (227 * 1024 if r["target"] == "sm90" else 64 * 1024), r
+        if r["target"] == "sm90":  # --tile-loop: the tile loop's matrix instructions are the kind's own
+            ops = r["tile_loop"]["ops"]
+            assert ("IMMA" if r["variant"].startswith("int8") else "HMMA") in ops, r
+            if r["variant"] == "fp8-hw ptx":
+                assert ops.get("F2FP", 0) > 0, r  # the hardware e4m3 conversions sit in the loop
 
 
 def test_int8_qk_takes_its_own_path(params):

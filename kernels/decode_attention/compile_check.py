@@ -1,6 +1,6 @@
 """Compile the split-KV decode kernel ahead of time for a GPU target, without a GPU, and report its resources.
 
-    python -m kernels.decode_attention.compile_check [--target sm90|gfx936|gfx928|...] [--json]
+    python -m kernels.decode_attention.compile_check [--target sm90|gfx936|gfx928|...] [--json] [--tile-loop]
 
 For the target's launch_params entry (kv16 for bf16 caches, kv8 for int8 / fp8 with the software and, where the
 target has it, hardware e4m3 decode; on CUDA the PTX and the portable code conversions) at Qwen3.5-27B's head
@@ -8,14 +8,16 @@ shape (6 q heads per kv head, 256), stage 1 is compiled with Triton's own compil
 Triton ships; DCU: gfx90a, the wave64 target upstream LLVM knows, as the proxy for gfx936 / gfx928) and its
 registers, spills, shared memory / LDS and barriers are printed. The CPU interpreter runs the kernels as Python:
 this is what finds code the compiler refuses (e.g. a plain Python global inside a kernel). Must run without
-TRITON_INTERPRET=1.
+TRITON_INTERPRET=1. --tile-loop (CUDA targets) adds stage 1's tile loop as ptxas compiled it: its SASS instructions
+per thread per tile and the most frequent opcodes (compile_tools.sass_tile_loop), the count to set against a tile's
+measured time.
 """
 import argparse
 import json
 import os
 import sys
 
-from ..compile_tools import amdgcn_usage, gpu_target, jit_signature, ptxas_usage
+from ..compile_tools import amdgcn_usage, gpu_target, jit_signature, nvdisasm, ptxas_usage, sass_tile_loop
 from ..kv_quant.layout import V_BY_DIM
 from . import launch_params
 
@@ -29,7 +31,7 @@ _VARIANTS_ROCM = [("bf16", 0, False, False), ("int8", 2, False, False), ("fp8-sw
 
 
 def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launch: dict, group=6,
-                    head_dim=256, block_size=1552) -> dict:
+                    head_dim=256, block_size=1552, tile_loop=False) -> dict:
     import triton
     from triton.compiler import ASTSource
 
@@ -57,6 +59,8 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     if "ptx" in kernel.asm:
         report.update(ptxas_usage(kernel.asm["ptx"], gpu_target(target).arch),
                       barriers=kernel.asm["ptx"].count("bar.sync"))
+        if tile_loop:
+            report["tile_loop"] = sass_tile_loop(nvdisasm(kernel.asm["cubin"]))
     else:
         usage = amdgcn_usage(kernel.asm["amdgcn"])
         report.update({k: usage[k] for k in ("regs", "spills", "sgprs", "barriers")})
@@ -67,6 +71,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", action="append", help="launch_params target (repeatable; default sm90 and gfx936)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    ap.add_argument("--tile-loop", action="store_true", help="CUDA targets: also stage 1's tile loop in SASS "
+                    "(instructions per thread per tile, most frequent opcodes)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("error: compile_check needs Triton's compiler: unset TRITON_INTERPRET")
@@ -76,22 +82,29 @@ def main(argv=None):
         for label, kv, sw, ptx in (_VARIANTS_CUDA if target.startswith("sm") else _VARIANTS_ROCM):
             launch = entry["kv8" if kv else "kv16"]
             try:
-                rep = compile_variant(target, kv, sw, ptx, launch)
+                rep = compile_variant(target, kv, sw, ptx, launch, tile_loop=args.tile_loop)
             except Exception as e:  # noqa: BLE001 - report and go on
                 rep = dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
             rows.append(dict(target=target, variant=label, launch=launch, **rep))
     if args.json:
         print(json.dumps(rows, indent=1))
         return rows
-    print("| target | variant | launch | regs | spill | shared / LDS B | barriers |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    loop_col = args.tile_loop
+    head = "| target | variant | launch | regs | spill | shared / LDS B | barriers |"
+    print(head + (" tile loop: SASS, top opcodes |" if loop_col else ""))
+    print("|---|---|---|---:|---:|---:|---:|" + ("---|" if loop_col else ""))
     for r in rows:
         launch = " ".join(f"{k}={v}" for k, v in r["launch"].items())
         if "error" in r:
             print(f"| {r['target']} | {r['variant']} | {launch} | error: {r['error']} ||||")
         else:
+            loop = ""
+            if loop_col:
+                tl_ = r.get("tile_loop")
+                loop = (f" {tl_['instructions']}: " + ", ".join(f"{op} {n}" for op, n in list(tl_["ops"].items())[:6])
+                        if tl_ else " -") + " |"
             print(f"| {r['target']} | {r['variant']} | {launch} | {r['regs']} | {r['spills']} | {r['shared']} | "
-                  f"{r['barriers']} |")
+                  f"{r['barriers']} |{loop}")
     return rows
 
 
