@@ -90,9 +90,9 @@ _MATRIX_OPS = ("HMMA", "IMMA", "HGMMA", "IGMMA", "QMMA")
 
 def sass_tile_loop(sass: str) -> dict | None:
     """The tile loop of a kernel's SASS (``nvdisasm -c`` text): the smallest loop, from a label to a branch back to
-    it, that holds matrix instructions. Returns its instruction count and its opcodes by count ({} order: most first),
-    or None when no loop holds one. What one step of the kernel's main loop issues per thread, the number to set
-    against its time (H200, fp8 decode: instructions per tile x warps / cycles per tile = issue rate)."""
+    it, that holds matrix instructions. Returns its instruction count and its opcodes with their counts, most
+    frequent first, or None when no loop holds one. That is what one step of the kernel's main loop issues per
+    thread, the number to set against the step's time (instructions x warps / cycles per step = issue rate)."""
     lines = sass.splitlines()
     labels = {}
     for i, line in enumerate(lines):
