@@ -47,21 +47,27 @@ def jit_signature(fn, ptr_type, *, ones=(), div16=lambda name: True, scalars=Non
     return sig, attrs, consts
 
 
+def run_cuda_tool(tool: str, data: str | bytes, suffix: str, args=()) -> subprocess.CompletedProcess:
+    """Run one of the CUDA tools Triton ships (ptxas, nvdisasm, cuobjdump in backends/nvidia/bin) as ``tool *args
+    FILE``, FILE a temporary file holding ``data`` (text or bytes) with ``suffix``; returns the finished process, its
+    output as text, whatever its exit status."""
+    import triton
+
+    path_of_tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+    with tempfile.NamedTemporaryFile("wb" if isinstance(data, bytes) else "w", suffix=suffix, delete=False) as f:
+        f.write(data)
+        path = f.name
+    try:
+        return subprocess.run([path_of_tool, *args, path], capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+
+
 def ptxas_usage(ptx: str, arch: int) -> dict:
     """Registers and spill-store bytes per thread from ``ptxas -v`` on ``ptx``, and ``serialized``: None, or the
     reason of ptxas's advisory that it serialized the wgmma pipeline (sm90: C7510-C7519, "Potential Performance
     Loss: wgmma.mma_async instructions are serialized due to ..."), shortened to "Cxxxx: reason"."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-        path = f.name
-    try:
-        out = subprocess.run([tool, f"-arch=sm_{arch}a", "-v", path, "-o", os.devnull], capture_output=True,
-                             text=True)
-    finally:
-        os.unlink(path)
+    out = run_cuda_tool("ptxas", ptx, ".ptx", (f"-arch=sm_{arch}a", "-v", "-o", os.devnull))
     text = out.stderr + out.stdout
     regs = re.findall(r"Used (\d+) registers", text)
     spills = re.findall(r"(\d+) bytes spill stores", text)
@@ -117,16 +123,7 @@ def sass_tile_loop(sass: str) -> dict | None:
 
 def nvdisasm(cubin: bytes) -> str:
     """``nvdisasm -c`` of a cubin, with the nvdisasm Triton ships."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-        path = f.name
-    try:
-        out = subprocess.run([tool, "-c", path], capture_output=True, text=True)
-    finally:
-        os.unlink(path)
+    out = run_cuda_tool("nvdisasm", cubin, ".cubin", ("-c",))
     if out.returncode != 0:
         raise RuntimeError(f"nvdisasm failed: {out.stderr.strip()[-300:]}")
     return out.stdout

@@ -15,11 +15,9 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
-from ..compile_tools import amdgcn_usage, gpu_target
+from ..compile_tools import amdgcn_usage, gpu_target, run_cuda_tool
 from . import launch_params
 
 # Triton signature of _gemv_kernel (bf16 operands); ints that are multiples of 16 at the real shapes
@@ -62,16 +60,9 @@ def compile_config(cfg: dict, target: str, *, rows_bucket: int, partial=False, s
 
 
 def _cuda_usage(cubin: bytes) -> dict:
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-        path = f.name
-    try:
-        out = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(path)
+    proc = run_cuda_tool("cuobjdump", cubin, ".cubin", ("--dump-resource-usage",))
+    proc.check_returncode()
+    out = proc.stdout
     m = re.search(r"REG:(\d+).*?STACK:(\d+).*?LOCAL:(\d+)", out)
     return dict(regs=int(m.group(1)), stack=int(m.group(2)), spills=int(m.group(3))) if m else {}
 
