@@ -89,20 +89,19 @@ def main(argv=None):
     if args.json:
         print(json.dumps(rows, indent=1))
         return rows
-    loop_col = args.tile_loop
     head = "| target | variant | launch | regs | spill | shared / LDS B | barriers |"
-    print(head + (" tile loop: SASS, top opcodes |" if loop_col else ""))
-    print("|---|---|---|---:|---:|---:|---:|" + ("---|" if loop_col else ""))
+    print(head + (" tile loop: SASS, top opcodes |" if args.tile_loop else ""))
+    print("|---|---|---|---:|---:|---:|---:|" + ("---|" if args.tile_loop else ""))
     for r in rows:
         launch = " ".join(f"{k}={v}" for k, v in r["launch"].items())
         if "error" in r:
             print(f"| {r['target']} | {r['variant']} | {launch} | error: {r['error']} ||||")
         else:
             loop = ""
-            if loop_col:
-                tl_ = r.get("tile_loop")
-                loop = (f" {tl_['instructions']}: " + ", ".join(f"{op} {n}" for op, n in list(tl_["ops"].items())[:6])
-                        if tl_ else " -") + " |"
+            if args.tile_loop:
+                tile = r.get("tile_loop")  # None on ROCm targets
+                loop = (f" {tile['instructions']}: " + ", ".join(f"{op} {n}" for op, n in list(tile["ops"].items())[:6])
+                        if tile else " -") + " |"
             print(f"| {r['target']} | {r['variant']} | {launch} | {r['regs']} | {r['spills']} | {r['shared']} | "
                   f"{r['barriers']} |{loop}")
     return rows
