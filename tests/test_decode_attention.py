@@ -630,6 +630,8 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     ('{"kv8": {"int8": {"num_warps": 0}}}', "kv8.num_warps must be a positive integer"),
     ('{"kv8": {"int8": {"BLOCK_N": 48}}}', "kv8.BLOCK_N must be a power of two >= 16"),
     ('{"kv8": {"int8": {"waves_per_eu": 2}}}', "ROCm-only options, not valid on sm90"),
+    ('{"kv8": {"gluon": 2}}', "kv8.gluon must be 0 or 1"),
+    ('{"kv16": {"gluon": 1}}', "gluon applies to kv8 only"),
 ])
 def test_bad_env_override_fails_with_one_clear_error(text, match):
     with pytest.raises(ValueError, match=match):
@@ -953,6 +955,30 @@ def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
                 assert ops.get("F2FP", 0) > 0, r  # the hardware e4m3 conversions sit in the loop
 
 
+@pytest.mark.slow
+def test_gluon_stage1_compiles_for_sm90_without_spills():
+    # launch key gluon: the Gluon stage 1 for each 8-bit kind, as the bench's kv8 entry for it launches it
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "kernels.decode_attention.compile_check", "--json", "--tile-loop",
+                           "--target", "sm90", "--gluon", '{"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}'],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in json.loads(proc.stdout) if r["variant"].endswith("gluon")]
+    assert [r["variant"] for r in rows] == ["int8 gluon", "fp8-sw gluon", "fp8-hw gluon"]
+    for r in rows:
+        assert "error" not in r, r
+        assert r["spills"] == 0 and r["shared"] <= 227 * 1024, r
+        ops = r["tile_loop"]["ops"]
+        assert "HMMA" in ops and "LDGSTS" in ops, r  # fp16 products, the cp.async ring
+        # F2FP: P's fp32 -> fp16 packs in every kind, and in fp8-hw each tile's 64 KB of e4m3 codes (2 per 8 codes)
+        assert (ops.get("F2FP", 0) >= 128) == (r["variant"] == "fp8-hw gluon"), r
+
+
 def test_int8_qk_takes_its_own_path(params):
     # not a silent fallback: the int8 products round differently from the fp16 ones (outputs close, not equal)
     case = make_case([70, 45], block_size=16, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="int8", seed=9)
@@ -962,3 +988,29 @@ def test_int8_qk_takes_its_own_path(params):
     int8_products = run(case, num_splits=2).float()
     assert not torch.equal(fp16_products, int8_products)
     assert (fp16_products - int8_products).abs().max() < 4e-2
+
+
+# --- launch key gluon: where the Gluon stage 1 takes a call ------------------------------------------------------
+
+def test_gluon_stage1_covers_only_cuda_ptx_calls_with_v_by_dim_and_pages_of_a_tile():
+    from kernels.decode_attention import gluon_stage1
+
+    ok = dict(kv_quant=1, ptx=True, v_by_dim=True, head_dim=256, group=6, block_size=1552, block_n=128,
+              num_stages=2)
+    assert gluon_stage1.gluon_supported(**ok) == gluon_stage1.GLUON
+    for change in (dict(ptx=False), dict(v_by_dim=False), dict(kv_quant=0), dict(head_dim=96), dict(group=17),
+                   dict(block_size=64), dict(block_size=1560), dict(block_n=32), dict(num_stages=1)):
+        assert not gluon_stage1.gluon_supported(**{**ok, **change}), change
+
+
+def test_gluon_key_off_cuda_runs_the_triton_kernel(params, monkeypatch):
+    # the interpreter has no PTX conversions, so the key leaves every call to the Triton kernel, which still matches
+    from kernels.decode_attention import gluon_stage1
+
+    calls = []
+    monkeypatch.setattr(gluon_stage1, "launch_gluon_stage1", lambda *a, **k: calls.append(k))
+    params(kv8={"gluon": 1})
+    case = make_case([70, 45], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="fp8", seed=9)
+    case["v_cache"] = v_by_dim(case["v_cache"])
+    assert_close(run(case, num_splits=2), reference(case), torch.bfloat16)
+    assert not calls

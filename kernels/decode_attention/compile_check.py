@@ -1,6 +1,7 @@
 """Compile the split-KV decode kernel ahead of time for a GPU target, without a GPU, and report its resources.
 
     python -m kernels.decode_attention.compile_check [--target sm90|gfx936|gfx928|...] [--json] [--tile-loop]
+        [--gluon JSON]
 
 For the target's launch_params entry (kv16 for bf16 caches, kv8 for int8 / fp8 with the software and, where the
 target has it, hardware e4m3 decode; on CUDA the PTX and the portable code conversions) at Qwen3.5-27B's head
@@ -10,7 +11,8 @@ registers, spills, shared memory / LDS and barriers are printed. The CPU interpr
 this is what finds code the compiler refuses (e.g. a plain Python global inside a kernel). Must run without
 TRITON_INTERPRET=1. --tile-loop (CUDA targets) adds stage 1's tile loop as ptxas compiled it: its SASS instructions
 per thread per tile and the most frequent opcodes (compile_tools.sass_tile_loop), the count to set against a tile's
-measured time.
+measured time. --gluon JSON (CUDA targets) adds the Gluon stage 1 (gluon_stage1.py) for int8 and fp8 with that kv8
+launch.
 """
 import argparse
 import json
@@ -67,12 +69,46 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     return report
 
 
+_VARIANTS_GLUON = [("int8 gluon", 2, False), ("fp8-sw gluon", 1, True), ("fp8-hw gluon", 1, False)]
+
+
+def compile_gluon_variant(target: str, kv_quant: int, software: bool, launch: dict, group=6, head_dim=256,
+                          tile_loop=False) -> dict:
+    """The Gluon stage 1 (launch key gluon; gluon_stage1.py) compiled for a CUDA target as the launcher calls it: V
+    by dim, the scale views' head stride 1, the kv8 entry's BLOCK_N / num_warps / num_stages."""
+    import triton
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .gluon_stage1 import _decode_split_kernel_gluon
+
+    defaults = launch_params.LAUNCH_DEFAULTS
+    no_div = {"stride_kst", "stride_vst", "stride_btb", "max_splits", "min_split_tokens", "num_q_heads", "batch",
+              "balance_programs"}
+    sig, attrs, unit_strides = jit_signature(_decode_split_kernel_gluon, lambda base: _PTR[base],
+                                             ones=("stride_vt", "stride_ksh", "stride_vsh"),
+                                             div16=lambda name: name not in no_div, scalars={"scale_log2": "fp32"})
+    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_N=launch["BLOCK_N"], NUM_STAGES=launch["num_stages"],
+                  NUM_WARPS=launch["num_warps"], KV_QUANT=kv_quant, FP8_SOFTWARE=software,
+                  EVEN_SPLITS=bool(launch.get("even_splits", defaults["even_splits"])),
+                  BALANCE=bool(launch.get("balance", defaults["balance"])), BATCH_CHUNK=256, **unit_strides)
+    kernel = triton.compile(GluonASTSource(_decode_split_kernel_gluon, sig, constexprs=consts, attrs=attrs),
+                            target=gpu_target(target), options=dict(num_warps=launch["num_warps"]))
+    report = dict(shared=kernel.metadata.shared, **ptxas_usage(kernel.asm["ptx"], gpu_target(target).arch),
+                  barriers=kernel.asm["ptx"].count("bar.sync"))
+    if tile_loop:
+        report["tile_loop"] = sass_tile_loop(nvdisasm(kernel.asm["cubin"]))
+    return report
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", action="append", help="launch_params target (repeatable; default sm90 and gfx936)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     ap.add_argument("--tile-loop", action="store_true", help="CUDA targets: also stage 1's tile loop in SASS "
                     "(instructions per thread per tile, most frequent opcodes)")
+    ap.add_argument("--gluon", metavar="JSON", help="CUDA targets: also the Gluon stage 1 (launch key gluon) with "
+                    "this kv8 launch (BLOCK_N, num_warps, num_stages, ...), e.g. "
+                    "'{\"BLOCK_N\": 128, \"num_warps\": 8, \"num_stages\": 2}'")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("error: compile_check needs Triton's compiler: unset TRITON_INTERPRET")
@@ -86,6 +122,15 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001 - report and go on
                 rep = dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
             rows.append(dict(target=target, variant=label, launch=launch, **rep))
+        if args.gluon and target.startswith("sm"):
+            launch = {**entry["kv8"], **json.loads(args.gluon), "gluon": 1}
+            launch.pop("int8", None)
+            for label, kv, sw in _VARIANTS_GLUON:
+                try:
+                    rep = compile_gluon_variant(target, kv, sw, launch, tile_loop=args.tile_loop)
+                except Exception as e:  # noqa: BLE001 - report and go on
+                    rep = dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
+                rows.append(dict(target=target, variant=label, launch=launch, **rep))
     if args.json:
         print(json.dumps(rows, indent=1))
         return rows

@@ -170,19 +170,19 @@ def _share_within(need, programs):
 
 
 @triton.jit
-def _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, BLOCK_N: tl.constexpr,
-                    PAGE_LOOP: tl.constexpr, CHUNK: tl.constexpr):
+def _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, offs,
+                    BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr, CHUNK: tl.constexpr):
     """Launch key balance: (the batch's tiles, the programs its sequences' parts are taken of). Rounding each part up
     adds up to one program per sequence beyond ``programs`` (as many as the plan without balance launches), and
     those start a second wave (H200, 16 x 16-32K int8: 1.23x the time without balance), so where they overflow, the
-    parts are taken of ``programs`` less the overflow (at least 1). The launch has programs + batch per kv head."""
-    offs = tl.arange(0, CHUNK)
-    total = tl.zeros([], dtype=tl.int32)
+    parts are taken of ``programs`` less the overflow (at least 1). The launch has programs + batch per kv head.
+    offs: tl.arange(0, CHUNK). (Scalars start as batch * 0: an int32 with no layout, as the Gluon stage 1 needs.)"""
+    total = batch * 0
     for b0 in range(0, batch, CHUNK):
         lens = tl.load(seq_lens_ptr + b0 + offs, mask=b0 + offs < batch, other=0)
         total += tl.sum(_balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP))
     total = tl.maximum(total, 1)
-    need = tl.zeros([], dtype=tl.int32)
+    need = batch * 0
     for b0 in range(0, batch, CHUNK):
         valid = b0 + offs < batch
         lens = tl.load(seq_lens_ptr + b0 + offs, mask=valid, other=0)
@@ -198,12 +198,12 @@ def _add3(a0, a1, a2, b0, b1, b2):
 
 
 @triton.jit
-def _balanced_split_in_one(program, seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size,
-                           BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr, WIDTH: tl.constexpr):
-    """_balanced_split_of for a batch of up to WIDTH sequences: the lengths are read once and every pass runs on those
-    registers. (A second, 32-wide copy for batches up to 32 spilled registers into the 8-bit kernels' main loop:
-    1.05-1.07x their time, batch 1 included; H200, bench/results/2026-12-04-h200-balance-plan-handoff.md.)"""
-    offs = tl.arange(0, WIDTH)
+def _balanced_split_in_one(program, seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, offs,
+                           BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr):
+    """_balanced_split_of for a batch of up to len(offs) sequences (offs: tl.arange(0, WIDTH)): the lengths are read
+    once and every pass runs on those registers. (A second, 32-wide copy for batches up to 32 spilled registers into
+    the 8-bit kernels' main loop: 1.05-1.07x their time, batch 1 included; H200,
+    bench/results/2026-12-04-h200-balance-plan-handoff.md.)"""
     valid = offs < batch
     lens = tl.load(seq_lens_ptr + offs, mask=valid, other=0)
     tiles = _balanced_tiles(lens, block_size, BLOCK_N, PAGE_LOOP)
@@ -219,24 +219,24 @@ def _balanced_split_in_one(program, seq_lens_ptr, batch, programs, max_splits, m
 
 
 @triton.jit
-def _balanced_split_of(program, seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size,
+def _balanced_split_of(program, seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, offs,
                        BLOCK_N: tl.constexpr, PAGE_LOOP: tl.constexpr, CHUNK: tl.constexpr):
     """Launch key balance, stage 1: the (sequence, split, the sequence's split count, its length) that program
     ``program`` of a kv head works on. The programs of a kv head take the sequences' splits (_balanced_splits) in
     batch order, so a sequence's first split is its first workspace row. Sequence -1: no work left (the grid has
     ``programs`` + batch per kv head, each sequence's part rounding up by less than one). A batch of up to CHUNK
-    (256) sequences is read once (_balanced_split_in_one), a larger one CHUNK at a time, once per pass."""
+    (256) sequences is read once (_balanced_split_in_one), a larger one CHUNK at a time, once per pass. offs:
+    tl.arange(0, CHUNK), an argument so that the Gluon stage 1 (gluon_stage1.py), whose aranges carry a layout,
+    shares this code."""
     if batch <= CHUNK:
         seq, split, n_splits, seq_len = _balanced_split_in_one(program, seq_lens_ptr, batch, programs, max_splits,
-                                                               min_split_tokens, block_size, BLOCK_N, PAGE_LOOP,
-                                                               CHUNK)
+                                                               min_split_tokens, block_size, offs, BLOCK_N, PAGE_LOOP)
     else:
-        total, share = _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size,
+        total, share = _balanced_share(seq_lens_ptr, batch, programs, max_splits, min_split_tokens, block_size, offs,
                                        BLOCK_N, PAGE_LOOP, CHUNK)
-        offs = tl.arange(0, CHUNK)
-        seq = tl.full([], -1, dtype=tl.int32)
-        first = tl.zeros([], dtype=tl.int32)  # this sequence's first program
-        taken = tl.zeros([], dtype=tl.int32)  # programs taken by the chunks before this one
+        seq = batch * 0 - 1
+        first = batch * 0  # this sequence's first program
+        taken = batch * 0  # programs taken by the chunks before this one
         for b0 in range(0, batch, CHUNK):
             valid = b0 + offs < batch
             lens = tl.load(seq_lens_ptr + b0 + offs, mask=valid, other=0)
@@ -250,8 +250,8 @@ def _balanced_split_of(program, seq_lens_ptr, batch, programs, max_splits, min_s
             seq = tl.where(hit, b0 + n_before, seq)
             first = tl.where(hit, taken + programs_before, first)
             taken += in_chunk
-        n_splits = tl.zeros([], dtype=tl.int32)
-        seq_len = tl.zeros([], dtype=tl.int32)
+        n_splits = batch * 0
+        seq_len = batch * 0
         if seq >= 0:
             seq_len = tl.load(seq_lens_ptr + seq)
             n_splits = _balanced_splits(seq_len, _balanced_tiles(seq_len, block_size, BLOCK_N, PAGE_LOOP), total,
@@ -508,8 +508,8 @@ def _decode_split_kernel(
     seq_len_balanced = tl.zeros([], dtype=tl.int32)
     if balanced:
         seq, split, n_splits_balanced, seq_len_balanced = _balanced_split_of(
-            tl.program_id(0), seq_lens_ptr, batch, balance_programs, max_splits, min_split_tokens, block_size, BLOCK_N,
-            PAGE_LOOP, BATCH_CHUNK)
+            tl.program_id(0), seq_lens_ptr, batch, balance_programs, max_splits, min_split_tokens, block_size,
+            tl.arange(0, BATCH_CHUNK), BLOCK_N, PAGE_LOOP, BATCH_CHUNK)
         ws_first = tl.program_id(0) - split
         if (split == 0) & (kv_head == 0) & (seq >= 0):
             # the sequence's (first workspace row, splits) for stage 2, which then need not redo the plan (before any
@@ -732,7 +732,7 @@ def split_kernel_launch(launch: dict, block_size: int, kv_quant: int, v_by_dim: 
         options.update(launch.get("int8", {}))
     defaults = launch_params.LAUNCH_DEFAULTS
     balance = bool(options.pop("balance", defaults["balance"]))
-    for host_only in ("split_round", "programs_per_cu", "min_split_tokens"):
+    for host_only in ("split_round", "programs_per_cu", "min_split_tokens", "gluon"):
         options.pop(host_only, None)
     block_n = options.pop("BLOCK_N")
     early_convert = options.pop("early_convert", defaults["early_convert"])
@@ -805,6 +805,17 @@ def workspace_numel(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: i
     return plan.numel(batch, num_q_heads, head_dim)
 
 
+def _takes_gluon(launch, kv_quant, ptx, v_by_dim, head_dim, group, block_size, consts, options) -> bool:
+    """Launch key gluon (kv8): stage 1 runs as gluon_stage1's kernel where that kernel covers the call
+    (gluon_stage1.gluon_supported: CUDA PTX conversions, V by dim, ...); every other call takes the Triton kernel."""
+    if not launch.get("gluon", launch_params.LAUNCH_DEFAULTS["gluon"]) or kv_quant is None:
+        return False
+    from .gluon_stage1 import gluon_supported
+
+    return gluon_supported(_KV_QUANT[kv_quant], ptx, v_by_dim, head_dim, group, block_size, consts["BLOCK_N"],
+                           options.get("num_stages", 1))
+
+
 def _fail(msg: str):
     raise ValueError(f"decode_attention: {msg}")
 
@@ -865,17 +876,29 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     consts, options = split_kernel_launch(plan.launch, block_size, _KV_QUANT[kv_quant], v_by_dim=v_by_dim)
     splits, min_split, programs = plan.splits, plan.min_split, plan.programs
     grid = (programs + batch, hkv, 1) if programs else (batch, hkv, splits)
-
-    _decode_split_kernel[grid](
+    args = (
         q, k_cache, v_cache, k_scales, v_scales, block_table, seq_lens,
         out, ws_o, ws_lse, ws_plan,
         float(scale) * _LOG2E, splits, min_split, block_size, hq, batch, programs,
         q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride(), *ks_strides, *vs_strides,
         block_table.stride(0), out.stride(0), out.stride(1),
-        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, KV_QUANT=_KV_QUANT[kv_quant],
-        FP8_SOFTWARE=bool(software_fp8), PTX=kv_quant is not None and _use_ptx(q.device), **consts, **options,
     )  # fmt: skip
+    ptx = kv_quant is not None and _use_ptx(q.device)
+    gluon = _takes_gluon(plan.launch, kv_quant, ptx, v_by_dim, d, hq // hkv, block_size, consts, options)
+    if gluon:
+        from .gluon_stage1 import launch_gluon_stage1
+
+        consts["PAGE_LOOP"] = False  # stage 2 recounts the tiles as the Gluon stage 1 walks them
+        launch_gluon_stage1(grid, args, group=hq // hkv, head_dim=d, block_n=consts["BLOCK_N"],
+                            num_stages=options["num_stages"], num_warps=options["num_warps"],
+                            kv_quant=_KV_QUANT[kv_quant], fp8_software=bool(software_fp8),
+                            even_splits=consts["EVEN_SPLITS"], balance=consts["BALANCE"], batch_chunk=_BATCH_CHUNK)
+    else:
+        _decode_split_kernel[grid](
+            *args, GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, KV_QUANT=_KV_QUANT[kv_quant],
+            FP8_SOFTWARE=bool(software_fp8), PTX=ptx, **consts, **options,
+        )  # fmt: skip
     if splits > 1:  # some sequence may have more than one split
         block_dm = min(_MERGE_DIM, block_d)
         _merge_splits_kernel[(batch, hq, triton.cdiv(d, block_dm))](

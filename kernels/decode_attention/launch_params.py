@@ -48,6 +48,11 @@ Keys of an entry:
               programs per compute unit than the bf16 one's; H200, kv8 BLOCK_N 32 x 3 stages, 3 programs
               per SM: 1.06-1.10x the sm90 entry's time, so no entry sets it yet); min_split_tokens likewise
               (a sequence's shortest split, so the kernel's own split count at short contexts);
+              gluon (0/1, kv8 only, CUDA): stage 1 as the Gluon kernel of gluon_stage1.py (q held in registers,
+              the codes through a cp.async ring straight into the matrix operands) where it covers the call (8-bit
+              codes with V by dim, head_dim 64 / 128 / 256, pages of at least BLOCK_N tokens, BLOCK_N 64 or 128,
+              num_stages >= 2: gluon_stage1.gluon_supported); elsewhere the Triton kernel. Its tiles never
+              follow page_loop; early_convert and int8_qk do not apply to it;
               int8 (kv8 only): launch options merged over kv8 for int8 caches only (fp8 caches take kv8 as it is),
               from BLOCK_N, num_warps, num_stages, waves_per_eu, matrix_instr_nonkdim, early_convert, page_loop
               (nothing of the host's split plan: the workspace is sized for kv8 whatever the kind);
@@ -67,17 +72,18 @@ ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
 _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
-                "page_loop", "split_round", "int8_qk", "q_early", "even_splits", "balance")
+                "page_loop", "split_round", "int8_qk", "q_early", "even_splits", "balance", "gluon")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 _WIDTH_SPLIT_KEYS = ("programs_per_cu", "min_split_tokens")  # split keys a kv16 / kv8 entry may set for its own plan
 # launch keys that take one of a few values: (allowed, how the error names them)
 _CHOICES = {"early_convert": ((0, 1, 2), "0, 1 or 2"), "int8_qk": ((0, 1), "0 or 1"), "page_loop": ((0, 1), "0 or 1"),
             "q_early": ((0, 1), "0 or 1"), "even_splits": ((0, 1), "0 or 1"), "balance": ((0, 1), "0 or 1"),
+            "gluon": ((0, 1), "0 or 1"),
             "split_round": (("up", "down"), '"up" or "down"')}
-_KV8_ONLY = ("early_convert", "int8_qk", "q_early")
+_KV8_ONLY = ("early_convert", "int8_qk", "q_early", "gluon")
 # what the launcher (decode_attention.split_kernel_launch, _plan) takes for a launch key an entry leaves out
 LAUNCH_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_round": "up", "q_early": 1,
-                   "even_splits": 0, "balance": 0}
+                   "even_splits": 0, "balance": 0, "gluon": 0}
 # kv8 only: launch options for int8 caches, merged over the kv8 entry (which fp8 caches take as it is); only what
 # leaves the host's split plan alone (the workspace is sized for kv8 without knowing the cache's kind), and not
 # int8_qk (int8-only already)
