@@ -19,10 +19,13 @@ operands and the cp.async stores (gl.bank_conflicts, sm90, head_dim 256, BLOCK_N
 H200 (bench/results/2026-12-04-h200-session21-gluon.md): as a contiguous probe (no pages, no splits) at 256 programs
 x 32K tokens, fp8 in hardware reads 4.47 TB/s of codes and scales with BLOCK_N 128, 8 warps, 3 stages, against
 3.28 for the Triton kernel. This kernel, paged, BLOCK_N 128 x 8 warps x 2 stages, one program per SM
-(programs_per_cu 1), fp8 V by dim at 16-32K: 0.60-0.64 / 0.52-0.55 / 0.57-0.58 / 0.68-0.70x bf16's time at batch 1 /
-4 / 16 / 64 (hardware e4m3; software 0.64-0.74), 0.86-0.93x the Triton kernel's fp8 by token in the same run. Its
-tile loop is 894 SASS instructions per thread against the probe's 665 (page selects, masks), at the same ~1.35
-issued per cycle: the time follows the count.
+(programs_per_cu 1), fp8 V by dim at 16-32K, two runs: 0.64-0.66 / 0.53-0.57 / 0.56-0.58 / 0.61-0.65x bf16's time
+at batch 1 / 4 / 16 / 64 (hardware e4m3; software 0.66-0.69 / 0.58-0.61 / 0.62-0.63 / 0.68-0.69), 0.88-0.94x the
+Triton kernel's fp8 by token (the table's entry) in the same run. Its tile
+loop is 760 SASS instructions per thread against the probe's 665, at the same ~1.35 issued per cycle: the time
+follows the count (a second, fast issue path for tiles inside one page spilled at 255 registers). For int8 the
+Triton kernel's int8 x int8 products stay faster (0.58-0.63 at batch 16-64 against 0.66-0.71 here; int8 products
+here too measured 0.66-0.69, so this kernel converts int8 codes to fp16 like fp8's).
 
 Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync), 8-bit codes with V by
 dim, head_dim a power of two in [64, 256], a GQA group of at most 16, pages of at least BLOCK_N tokens and a
@@ -70,6 +73,8 @@ if GLUON:
         and.b32 $0, a0, 0xbf80bf80;
         and.b32 $1, a1, 0xbf80bf80;
     }""")  # e4m3 value / 256 with integer ops (decode_attention._PTX_E4M3_SW)
+    _KV8_HW_OUT_FACTOR = gl.constexpr(4294967296.0)  # 2^32: acc holds exact e4m3 values, 2^8 x the 2^-8 units
+
     _INT8 = gl.constexpr("""{
         .reg .b32 u, a0, a1, k;
         mov.b32 k, 0x48804880;
@@ -79,10 +84,10 @@ if GLUON:
         sub.f16x2 $0, a0, k;
         sub.f16x2 $1, a1, k;
     }""")  # int8 value / 128 (decode_attention._PTX_INT8)
-    _KV8_HW_OUT_FACTOR = gl.constexpr(4294967296.0)  # 2^32: acc holds exact e4m3 values, 2^8 x the 2^-8 units
 
     @gluon.jit
     def _cvt(codes, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr):
+        """8-bit codes -> fp16."""
         if KV_QUANT == 2:
             return gl.inline_asm_elementwise(_INT8, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
         elif FP8_SOFTWARE:
@@ -91,86 +96,89 @@ if GLUON:
             return gl.inline_asm_elementwise(_E4M3_HW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
 
     @gluon.jit
-    def _pages(tile, bt_row, block_size, last_page, BLOCK_N: gl.constexpr):
-        """(first page of the tile, its physical page, the next one's, clamped to the sequence's last page): a tile
-        touches at most two pages (block_size >= BLOCK_N)."""
-        page0 = (tile * BLOCK_N) // block_size
-        phys0 = gl.load(bt_row + page0).to(gl.int64)
-        phys1 = gl.load(bt_row + gl.minimum(page0 + 1, last_page)).to(gl.int64)
-        return page0, phys0, phys1
+    def _advance(tile, off, page, phys0, phys1, bt_row, last_page, block_size, BLOCK_N: gl.constexpr):
+        """The next tile's place: (tile, its first slot in page ``page``, page, that page's physical page, the next
+        one's, clamped to the sequence's last page). A tile touches at most two pages (block_size >= BLOCK_N); the
+        block table is read once per page, a page ahead of its first use."""
+        off += BLOCK_N
+        if off >= block_size:
+            off -= block_size
+            page += 1
+            phys0 = phys1
+            phys1 = gl.load(bt_row + gl.minimum(page + 1, last_page)).to(gl.int64)
+        return tile + 1, off, page, phys0, phys1
 
     @gluon.jit
-    def _issue(k_ring, v_ring, ks_ring, vs_ring, slot, tile, live, page0, phys0, phys1, last, block_size,
+    def _issue(k_ring, v_ring, ks_ring, vs_ring, slot, tile, off, phys0, phys1, seq_len, block_size,
                k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst,
                stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N: gl.constexpr):
-        """cp.async of one tile into ring slot ``slot`` (nothing is read where ``live`` is false: the tiles past the
-        split's last that the ring's lead would reach). Per tile, two base addresses per tensor (the tile's part
-        of its first page and of the next one, phys1); a row takes the second past ``split_at``. K rows and scales
-        past the sequence's last token are not read (their shared memory is zero-filled; their scores are -inf);
-        V's 16-token runs keep the tile's slots (past the sequence's last page: the last page's first slots, valid
-        memory)."""
-        tile_off = tile * BLOCK_N - page0 * block_size  # the tile's first slot in page0
-        split_at = block_size - tile_off  # rows from here on lie in the next page
-        n_valid = last + 1 - tile * BLOCK_N  # rows before this lie in the sequence
-        k_base0 = k_head + phys0 * stride_kb + tile_off * stride_kt
-        k_base1 = k_head + phys1 * stride_kb + (tile_off - block_size) * stride_kt
+        """cp.async of tile ``tile`` (first slot ``off`` of page phys0) into ring slot ``slot``; the caller commits.
+        Two base addresses per tensor (the tile's part of its page and of the next one, phys1); a row takes the
+        second past the page's end. K rows and scales past the sequence's last token are not read (zero-filled;
+        their scores are -inf in the last tile); V's 16-token runs keep the tile's slots (past the sequence's last
+        page: the last page's first slots, valid memory)."""
+        split_at = block_size - off  # rows from here on lie in the next page
+        n_valid = seq_len - tile * BLOCK_N  # rows before this lie in the sequence
+        k_base0 = k_head + phys0 * stride_kb + off * stride_kt
+        k_base1 = k_head + phys1 * stride_kb + (off - block_size) * stride_kt
         k_row = gl.where(kr >= split_at, k_base1, k_base0) + kr * stride_kt
         async_copy.async_copy_global_to_shared(k_ring.index(slot), k_row[:, None] + kc[None, :],
-                                               mask=(live & (kr < n_valid))[:, None] & (kc[None, :] >= 0))
-        v_base0 = v_head + phys0 * stride_vb + tile_off
-        v_base1 = v_head + phys1 * stride_vb + (tile_off - block_size)
+                                               mask=(kr < n_valid)[:, None] & (kc[None, :] >= 0))
+        v_base0 = v_head + phys0 * stride_vb + off
+        v_base1 = v_head + phys1 * stride_vb + (off - block_size)
         v_col = gl.where(vc >= split_at, v_base1, v_base0) + vc
-        async_copy.async_copy_global_to_shared(v_ring.index(slot), v_col[None, :] + vr[:, None] * stride_vd,
-                                               mask=live & (vr[:, None] >= 0))
+        async_copy.async_copy_global_to_shared(v_ring.index(slot), v_col[None, :] + vr[:, None] * stride_vd)
         s_second = sr >= split_at
-        s_slot = gl.where(s_second, sr - block_size, sr) + tile_off
-        s_mask = live & (sr < n_valid)
+        s_slot = gl.where(s_second, sr - block_size, sr) + off
         async_copy.async_copy_global_to_shared(
             ks_ring.index(slot), ks_head + gl.where(s_second, phys1, phys0) * stride_ksb + s_slot * stride_kst,
-            mask=s_mask)
+            mask=sr < n_valid)
         async_copy.async_copy_global_to_shared(
             vs_ring.index(slot), vs_head + gl.where(s_second, phys1, phys0) * stride_vsb + s_slot * stride_vst,
-            mask=s_mask)
-        async_copy.commit_group()
+            mask=sr < n_valid)
 
     @gluon.jit
-    def _tile_step(i, tile_start, tile_end, seq_len, last, last_page, block_size, bt_row, q, s_mult, acc, m_i, l_t,
-                   n_page0, n_phys0, n_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head, ks_head, vs_head,
-                   stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst,
-                   kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr,
-                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_V: gl.constexpr, mma: gl.constexpr,
-                   b_op: gl.constexpr, a_op: gl.constexpr):
-        """Tile ``tile_start + i`` of the online softmax (ring slot i % NUM_STAGES), after issuing the copies of the
-        tile NUM_STAGES - 1 ahead and reading the block table for the one after. MASK_V: the sequence's partial last
-        tile, whose V slots past the end hold any codes (P' = 0 there; hardware decode makes 0x7f NaN)."""
+    def _tile_step(i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc, m_i, l_t,
+                   iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring,
+                   k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb,
+                   stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n,
+                   v_rows, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, LAST: gl.constexpr, mma: gl.constexpr, b_op: gl.constexpr,
+                   a_op: gl.constexpr):
+        """Tile ``tile_start + i`` of the online softmax (ring slot i % NUM_STAGES), after issuing the copies of tile
+        ``iss_tile`` (NUM_STAGES - 1 ahead) when the split has it. LAST: the sequence's partial last tile, whose keys
+        past the end get -inf scores and whose V slots past the end (any codes; hardware decode makes 0x7f NaN) are
+        zeroed; every other tile lies wholly in the sequence."""
         tile = tile_start + i
         slot = i % NUM_STAGES
         async_copy.wait_group(NUM_STAGES - 2)
         gl.thread_barrier()  # every thread's copies of this tile landed; the slot read last iteration is free
-        ahead = tile + NUM_STAGES - 1
-        _issue(k_ring, v_ring, ks_ring, vs_ring, (i + NUM_STAGES - 1) % NUM_STAGES, gl.minimum(ahead, tile_end - 1),
-               ahead < tile_end, n_page0, n_phys0, n_phys1, last, block_size, k_head, v_head, ks_head, vs_head,
-               stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc,
-               vr, vc, sr, BLOCK_N)
-        n_page0, n_phys0, n_phys1 = _pages(gl.minimum(ahead + 1, tile_end - 1), bt_row, block_size, last_page,
-                                           BLOCK_N)
+        if iss_tile < tile_end:  # a uniform branch: the ring's lead stops at the split's end
+            _issue(k_ring, v_ring, ks_ring, vs_ring, (i + NUM_STAGES - 1) % NUM_STAGES, iss_tile, iss_off, iss_phys0,
+                   iss_phys1, seq_len, block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb,
+                   stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N)
+        async_copy.commit_group()  # empty past the split's end: one group per tile for wait_group's count
+        iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
+                                                                     iss_phys1, bt_row, last_page, block_size,
+                                                                     BLOCK_N)
 
-        kt = k_ring.index(slot).permute([1, 0]).load(b_op)  # K^T [HEAD_DIM, BLOCK_N]
-        s = mma_v2(q, _cvt(kt, KV_QUANT, FP8_SOFTWARE), gl.zeros([16, BLOCK_N], gl.float32, layout=mma))
+        kt = k_ring.index(slot).permute([1, 0]).load(b_op)  # K^T codes [HEAD_DIM, BLOCK_N]
         k_scale = ks_ring.index(slot).load(gl.SliceLayout(0, mma))
         v_scale = vs_ring.index(slot).load(gl.SliceLayout(0, mma))
+        s = mma_v2(q, _cvt(kt, KV_QUANT, FP8_SOFTWARE), gl.zeros([16, BLOCK_N], gl.float32, layout=mma))
         s = s * (k_scale * s_mult)[None, :]
-        s = gl.where((tile * BLOCK_N + offs_n < seq_len)[None, :], s, float("-inf"))
+        if LAST:
+            s = gl.where((tile * BLOCK_N + offs_n < seq_len)[None, :], s, float("-inf"))
         t = s + _v_scale_log2(v_scale, KV_QUANT)[None, :]
         m_new = gl.maximum(m_i, gl.max(t, axis=1))
         alpha = gl.exp2(m_i - m_new)
-        l_t = l_t * alpha[:, None] + gl.exp2(s - m_new[:, None] + _L_SHIFT)
-        p = gl.convert_layout(gl.exp2(t - m_new[:, None]).to(gl.float16), a_op)
+        l_t = l_t * alpha[:, None] + gl.exp2(s - (m_new - _L_SHIFT)[:, None])
+        p = gl.exp2(t - m_new[:, None])
         v = _cvt(v_ring.index(slot).permute([1, 0]).load(b_op), KV_QUANT, FP8_SOFTWARE)  # V [BLOCK_N, HEAD_DIM]
-        if MASK_V:
+        if LAST:
             v = gl.where((tile * BLOCK_N + v_rows < seq_len)[:, None], v, 0.0)
-        acc = mma_v2(p, v, acc * alpha[:, None])
-        return acc, m_new, l_t, n_page0, n_phys0, n_phys1
+        acc = mma_v2(gl.convert_layout(p.to(gl.float16), a_op), v, acc * alpha[:, None])
+        return acc, m_new, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1
 
     @gluon.jit(do_not_specialize=["max_splits", "min_split_tokens", "batch", "balance_programs"])
     def _decode_split_kernel_gluon(
@@ -268,22 +276,28 @@ if GLUON:
         vc = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, v_blk))
         sr = gl.arange(0, BLOCK_N, layout=s_blk)
 
-        last = seq_len - 1
-        last_page = last // block_size
+        last_page = (seq_len - 1) // block_size
         bt_row = block_table_ptr + seq * stride_btb
         k_head = k_ptr + kv_head * stride_kh
         v_head = v_ptr + kv_head * stride_vh
         ks_head = ks_ptr + kv_head * stride_ksh
         vs_head = vs_ptr + kv_head * stride_vsh
-        # prologue: the ring's first NUM_STAGES - 1 tiles; the pages of the next one are read ahead
+        # the tile to issue next and its pages (one division per program; _advance steps on from there)
+        iss_tile = tile_start
+        iss_page = (tile_start * BLOCK_N) // block_size
+        iss_off = tile_start * BLOCK_N - iss_page * block_size
+        iss_phys0 = gl.load(bt_row + iss_page).to(gl.int64)
+        iss_phys1 = gl.load(bt_row + gl.minimum(iss_page + 1, last_page)).to(gl.int64)
+        # prologue: the ring's first NUM_STAGES - 1 tiles
         for st in gl.static_range(NUM_STAGES - 1):
-            first = gl.minimum(tile_start + st, tile_end - 1)
-            page0, phys0, phys1 = _pages(first, bt_row, block_size, last_page, BLOCK_N)
-            _issue(k_ring, v_ring, ks_ring, vs_ring, st, first, tile_start + st < tile_end, page0, phys0, phys1, last,
-                   block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd,
-                   stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N)
-        n_page0, n_phys0, n_phys1 = _pages(gl.minimum(tile_start + NUM_STAGES - 1, tile_end - 1), bt_row, block_size,
-                                           last_page, BLOCK_N)
+            if iss_tile < tile_end:
+                _issue(k_ring, v_ring, ks_ring, vs_ring, st, iss_tile, iss_off, iss_phys0, iss_phys1, seq_len,
+                       block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd,
+                       stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N)
+            async_copy.commit_group()
+            iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
+                                                                         iss_phys1, bt_row, last_page, block_size,
+                                                                         BLOCK_N)
 
         # q: fp16 scaled by a power of two (as _q_for_codes), held as the A operand
         q_blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, NUM_WARPS], [1, 0])
@@ -305,21 +319,23 @@ if GLUON:
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows_l)
         l_t = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=mma)
         acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, layout=mma)
-        # the sequence's last tile, if partial, runs after the loop (MASK_V): only it zeroes V past the end
+        # the sequence's last tile, if partial, runs after the loop (LAST): only it masks keys and V past the end
         n_steady = tile_end - tile_start
         partial = (tile_end * BLOCK_N > seq_len).to(gl.int32)
         for i in range(n_steady - partial):
-            acc, m_i, l_t, n_page0, n_phys0, n_phys1 = _tile_step(
-                i, tile_start, tile_end, seq_len, last, last_page, block_size, bt_row, q, s_mult, acc, m_i, l_t,
-                n_page0, n_phys0, n_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head, ks_head, vs_head,
-                stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst,
-                kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE, BLOCK_N, NUM_STAGES, False, mma, b_op, a_op)
+            acc, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
+                i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc, m_i, l_t,
+                iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head,
+                ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb,
+                stride_vst, kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE, BLOCK_N, NUM_STAGES, False,
+                mma, b_op, a_op)
         if partial > 0:
-            acc, m_i, l_t, n_page0, n_phys0, n_phys1 = _tile_step(
-                n_steady - 1, tile_start, tile_end, seq_len, last, last_page, block_size, bt_row, q, s_mult, acc, m_i,
-                l_t, n_page0, n_phys0, n_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head, ks_head, vs_head,
-                stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst,
-                kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE, BLOCK_N, NUM_STAGES, True, mma, b_op, a_op)
+            acc, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
+                n_steady - 1, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc, m_i,
+                l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head,
+                v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst,
+                stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE, BLOCK_N,
+                NUM_STAGES, True, mma, b_op, a_op)
         async_copy.wait_group(0)
 
         l_i = gl.sum(l_t, axis=1)
