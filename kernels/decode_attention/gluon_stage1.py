@@ -43,8 +43,8 @@ try:  # Triton 3.6 ships Gluon; a build without it (the DCU's, possibly) keeps t
 except ImportError:  # pragma: no cover - depends on the Triton build
     GLUON = False
 
-from .decode_attention import (_BLOCK_H, _KV8_OUT_FACTOR, _L_SHIFT, _balanced_split_of, _num_tiles,
-                               _pow2_fp16_scale, _split_range, _split_tiles, _v_scale_log2)
+from .decode_attention import (_BLOCK_H, _KV8_OUT_FACTOR, _L_SHIFT, _PTX_E4M3_SW, _PTX_INT8, _balanced_split_of,
+                               _num_tiles, _pow2_fp16_scale, _split_range, _split_tiles, _v_scale_log2)
 
 HEAD_DIMS = (64, 128, 256)
 
@@ -63,35 +63,18 @@ if GLUON:
         mov.b32 {l, h}, $2;
         cvt.rn.f16x2.e4m3x2 $0, l;
         cvt.rn.f16x2.e4m3x2 $1, h;
-    }""")  # the exact e4m3 value
-    _E4M3_SW = gl.constexpr("""{
-        .reg .b32 a0, a1;
-        prmt.b32 a0, $2, 0, 0x9180;
-        prmt.b32 a1, $2, 0, 0xb3a2;
-        shl.b32 a0, a0, 7;
-        shl.b32 a1, a1, 7;
-        and.b32 $0, a0, 0xbf80bf80;
-        and.b32 $1, a1, 0xbf80bf80;
-    }""")  # e4m3 value / 256 with integer ops (decode_attention._PTX_E4M3_SW)
+    }""")  # the exact e4m3 value (the Triton kernel's _PTX_E4M3_HW also multiplies by 2^-8); software e4m3 and int8
+    # take the Triton kernel's own PTX (value / 256, value / 128)
     _KV8_HW_OUT_FACTOR = gl.constexpr(4294967296.0)  # 2^32: acc holds exact e4m3 values, 2^8 x the 2^-8 units
-
-    _INT8 = gl.constexpr("""{
-        .reg .b32 u, a0, a1, k;
-        mov.b32 k, 0x48804880;
-        xor.b32 u, $2, 0x80808080;
-        prmt.b32 a0, u, 0x4848, 0x4140;
-        prmt.b32 a1, u, 0x4848, 0x4342;
-        sub.f16x2 $0, a0, k;
-        sub.f16x2 $1, a1, k;
-    }""")  # int8 value / 128 (decode_attention._PTX_INT8)
 
     @gluon.jit
     def _cvt(codes, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr):
         """8-bit codes -> fp16."""
         if KV_QUANT == 2:
-            return gl.inline_asm_elementwise(_INT8, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
+            return gl.inline_asm_elementwise(_PTX_INT8, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
         elif FP8_SOFTWARE:
-            return gl.inline_asm_elementwise(_E4M3_SW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
+            return gl.inline_asm_elementwise(_PTX_E4M3_SW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True,
+                                             pack=4)
         else:
             return gl.inline_asm_elementwise(_E4M3_HW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
 
