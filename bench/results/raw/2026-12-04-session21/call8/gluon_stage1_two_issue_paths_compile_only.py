@@ -1,0 +1,376 @@
+"""Stage 1 of the split-KV decode for 8-bit caches with V by dim, written in Gluon (launch key ``gluon``, CUDA).
+
+Same grid, arguments, split plan, scale arithmetic and workspace as decode_attention._decode_split_kernel (stage 2
+is shared), but the tile loop is laid out by hand where Triton's choices cost the 8-bit path its speed (issue #17):
+- q (fp16, scaled by a power of two as the Triton kernel does) stays in registers as the mma A operand for the
+  whole loop; Triton re-reads it from shared memory for every tile.
+- Each tile's K codes (token rows) and V codes (by dim: token-contiguous rows), and the tile's K / V scales, stream
+  through a ``num_stages``-deep ring in shared memory by cp.async, 16 bytes per lane; the next tile's pages are read
+  from the block table one iteration ahead, so no load's address waits on a load.
+- The codes go from shared memory straight into the mma_v2 B-operand layout with 8 consecutive reduction elements
+  per thread (one 8-byte ld.shared; both operands of a product take the same k order, so the sum is unchanged),
+  are converted there in registers (PTX e4m3 in hardware or with integer ops, or int8) and feed fp16 mma_v2 with
+  float32 accumulation. Only P goes through shared memory (its change of layout); the V tile is never copied.
+- The softmax's row sum is kept per thread ([16, BLOCK_N] in the mma layout) and reduced once after the loop; only
+  the row max is reduced across warps per tile.
+Swizzles (K 32-byte vectors over 8 phases, V 32 / 16-byte over 4) are conflict-free for the ld.shared of both
+operands and the cp.async stores (gl.bank_conflicts, sm90, head_dim 256, BLOCK_N 128 / 64).
+
+H200 (bench/results/2026-12-04-h200-session21-gluon.md): as a contiguous probe (no pages, no splits) at 256 programs
+x 32K tokens, fp8 in hardware reads 4.47 TB/s of codes and scales with BLOCK_N 128, 8 warps, 3 stages, against
+3.28 for the Triton kernel. This kernel, paged, BLOCK_N 128 x 8 warps x 2 stages, one program per SM
+(programs_per_cu 1), fp8 V by dim at 16-32K: 0.60-0.64 / 0.52-0.55 / 0.57-0.58 / 0.68-0.70x bf16's time at batch 1 /
+4 / 16 / 64 (hardware e4m3; software 0.64-0.74), 0.86-0.93x the Triton kernel's fp8 by token in the same run. Its
+tile loop is 894 SASS instructions per thread against the probe's 665 (page selects, masks), at the same ~1.35
+issued per cycle: the time follows the count.
+
+Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync), 8-bit codes with V by
+dim, head_dim a power of two in [64, 256], a GQA group of at most 16, pages of at least BLOCK_N tokens and a
+multiple of 16 (a 16-token V chunk never straddles a page). Elsewhere the launcher runs the Triton kernel.
+Hardware e4m3 gives the exact value (no x 2^-8), so S's factor takes 1 for the code unit and the output 2^32 for
+2^40 (acc is 2^8 x the Triton kernel's; m, l and P' are the same numbers). Slots past a sequence's end that a V
+chunk reads hold any codes (P' = 0 there): the last tile of a sequence zeroes their converted values, as hardware
+decode makes code 0x7f NaN.
+"""
+try:  # Triton 3.6 ships Gluon; a build without it (the DCU's, possibly) keeps the Triton kernel
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+    GLUON = True
+except ImportError:  # pragma: no cover - depends on the Triton build
+    GLUON = False
+
+from .decode_attention import (_BLOCK_H, _KV8_OUT_FACTOR, _L_SHIFT, _balanced_split_of, _num_tiles,
+                               _pow2_fp16_scale, _split_range, _split_tiles, _v_scale_log2)
+
+HEAD_DIMS = (64, 128, 256)
+
+
+def gluon_supported(kv_quant: int, ptx: bool, v_by_dim: bool, head_dim: int, group: int, block_size: int,
+                    block_n: int, num_stages: int) -> bool:
+    """Whether the Gluon stage 1 takes this call (the module docstring says why each condition; a ring needs two
+    stages)."""
+    return (GLUON and ptx and kv_quant != 0 and v_by_dim and head_dim in HEAD_DIMS and group <= _BLOCK_H
+            and block_size >= block_n and block_size % 16 == 0 and block_n in (64, 128) and num_stages >= 2)
+
+
+if GLUON:
+    _E4M3_HW = gl.constexpr("""{
+        .reg .b16 l, h;
+        mov.b32 {l, h}, $2;
+        cvt.rn.f16x2.e4m3x2 $0, l;
+        cvt.rn.f16x2.e4m3x2 $1, h;
+    }""")  # the exact e4m3 value
+    _E4M3_SW = gl.constexpr("""{
+        .reg .b32 a0, a1;
+        prmt.b32 a0, $2, 0, 0x9180;
+        prmt.b32 a1, $2, 0, 0xb3a2;
+        shl.b32 a0, a0, 7;
+        shl.b32 a1, a1, 7;
+        and.b32 $0, a0, 0xbf80bf80;
+        and.b32 $1, a1, 0xbf80bf80;
+    }""")  # e4m3 value / 256 with integer ops (decode_attention._PTX_E4M3_SW)
+    _INT8 = gl.constexpr("""{
+        .reg .b32 u, a0, a1, k;
+        mov.b32 k, 0x48804880;
+        xor.b32 u, $2, 0x80808080;
+        prmt.b32 a0, u, 0x4848, 0x4140;
+        prmt.b32 a1, u, 0x4848, 0x4342;
+        sub.f16x2 $0, a0, k;
+        sub.f16x2 $1, a1, k;
+    }""")  # int8 value / 128 (decode_attention._PTX_INT8)
+    _KV8_HW_OUT_FACTOR = gl.constexpr(4294967296.0)  # 2^32: acc holds exact e4m3 values, 2^8 x the 2^-8 units
+
+    @gluon.jit
+    def _cvt(codes, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr):
+        if KV_QUANT == 2:
+            return gl.inline_asm_elementwise(_INT8, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
+        elif FP8_SOFTWARE:
+            return gl.inline_asm_elementwise(_E4M3_SW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
+        else:
+            return gl.inline_asm_elementwise(_E4M3_HW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
+
+    @gluon.jit
+    def _advance(tile, off, page, phys0, phys1, bt_row, last_page, block_size, BLOCK_N: gl.constexpr):
+        """The next tile's place: (tile, its first slot in page ``page``, page, that page's physical page, the next
+        one's, clamped to the sequence's last page). A tile touches at most two pages (block_size >= BLOCK_N); the
+        block table is read once per page, a page ahead of its first use."""
+        off += BLOCK_N
+        if off >= block_size:
+            off -= block_size
+            page += 1
+            phys0 = phys1
+            phys1 = gl.load(bt_row + gl.minimum(page + 1, last_page)).to(gl.int64)
+        return tile + 1, off, page, phys0, phys1
+
+    @gluon.jit
+    def _issue(k_ring, v_ring, ks_ring, vs_ring, slot, tile, off, phys0, phys1, seq_len, block_size,
+               k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst,
+               stride_vsb, stride_vst, kr, kc, vr, vc, sr, k_off, v_off, ks_off, vs_off, BLOCK_N: gl.constexpr):
+        """cp.async of tile ``tile`` (first slot ``off`` of page phys0) into ring slot ``slot``; the caller commits.
+        A tile inside one page and inside the sequence (nearly all) takes one base address per tensor, added to the
+        loop-invariant offsets. Otherwise a row takes the next page's base (phys1) past the page's end; K rows and
+        scales past the sequence's last token are not read (zero-filled; their scores are -inf in the last tile);
+        V's 16-token runs keep the tile's slots (past the sequence's last page: the last page's first slots, valid
+        memory)."""
+        if (off + BLOCK_N <= block_size) & ((tile + 1) * BLOCK_N <= seq_len):
+            async_copy.async_copy_global_to_shared(
+                k_ring.index(slot), (k_head + phys0 * stride_kb + off * stride_kt) + (kr[:, None] * stride_kt + kc[None, :]))
+            async_copy.async_copy_global_to_shared(
+                v_ring.index(slot), (v_head + phys0 * stride_vb + off) + (vr[:, None] * stride_vd + vc[None, :]))
+            async_copy.async_copy_global_to_shared(ks_ring.index(slot),
+                                                   (ks_head + phys0 * stride_ksb + off * stride_kst) + sr * stride_kst)
+            async_copy.async_copy_global_to_shared(vs_ring.index(slot),
+                                                   (vs_head + phys0 * stride_vsb + off * stride_vst) + sr * stride_vst)
+        else:
+            split_at = block_size - off  # rows from here on lie in the next page
+            n_valid = seq_len - tile * BLOCK_N  # rows before this lie in the sequence
+            k_base0 = k_head + phys0 * stride_kb + off * stride_kt
+            k_base1 = k_head + phys1 * stride_kb + (off - block_size) * stride_kt
+            k_row = gl.where(kr >= split_at, k_base1, k_base0) + kr * stride_kt
+            async_copy.async_copy_global_to_shared(k_ring.index(slot), k_row[:, None] + kc[None, :],
+                                                   mask=(kr < n_valid)[:, None] & (kc[None, :] >= 0))
+            v_base0 = v_head + phys0 * stride_vb + off
+            v_base1 = v_head + phys1 * stride_vb + (off - block_size)
+            v_col = gl.where(vc >= split_at, v_base1, v_base0) + vc
+            async_copy.async_copy_global_to_shared(v_ring.index(slot), v_col[None, :] + vr[:, None] * stride_vd)
+            s_second = sr >= split_at
+            s_slot = gl.where(s_second, sr - block_size, sr) + off
+            async_copy.async_copy_global_to_shared(
+                ks_ring.index(slot), ks_head + gl.where(s_second, phys1, phys0) * stride_ksb + s_slot * stride_kst,
+                mask=sr < n_valid)
+            async_copy.async_copy_global_to_shared(
+                vs_ring.index(slot), vs_head + gl.where(s_second, phys1, phys0) * stride_vsb + s_slot * stride_vst,
+                mask=sr < n_valid)
+
+    @gluon.jit
+    def _tile_step(i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc, m_i, l_t,
+                   iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring,
+                   k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb,
+                   stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, k_off, v_off, ks_off, vs_off, offs_n,
+                   v_rows, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, LAST: gl.constexpr, mma: gl.constexpr, b_op: gl.constexpr,
+                   a_op: gl.constexpr):
+        """Tile ``tile_start + i`` of the online softmax (ring slot i % NUM_STAGES), after issuing the copies of tile
+        ``iss_tile`` (NUM_STAGES - 1 ahead) when the split has it. LAST: the sequence's partial last tile, whose keys
+        past the end get -inf scores and whose V slots past the end (any codes; hardware decode makes 0x7f NaN) are
+        zeroed; every other tile lies wholly in the sequence."""
+        tile = tile_start + i
+        slot = i % NUM_STAGES
+        async_copy.wait_group(NUM_STAGES - 2)
+        gl.thread_barrier()  # every thread's copies of this tile landed; the slot read last iteration is free
+        if iss_tile < tile_end:  # a uniform branch: the ring's lead stops at the split's end
+            _issue(k_ring, v_ring, ks_ring, vs_ring, (i + NUM_STAGES - 1) % NUM_STAGES, iss_tile, iss_off, iss_phys0,
+                   iss_phys1, seq_len, block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb,
+                   stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, k_off, v_off,
+                   ks_off, vs_off, BLOCK_N)
+        async_copy.commit_group()  # empty past the split's end: one group per tile for wait_group's count
+        iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
+                                                                     iss_phys1, bt_row, last_page, block_size,
+                                                                     BLOCK_N)
+
+        kt = k_ring.index(slot).permute([1, 0]).load(b_op)  # K^T [HEAD_DIM, BLOCK_N]
+        s = mma_v2(q, _cvt(kt, KV_QUANT, FP8_SOFTWARE), gl.zeros([16, BLOCK_N], gl.float32, layout=mma))
+        k_scale = ks_ring.index(slot).load(gl.SliceLayout(0, mma))
+        v_scale = vs_ring.index(slot).load(gl.SliceLayout(0, mma))
+        s = s * (k_scale * s_mult)[None, :]
+        if LAST:
+            s = gl.where((tile * BLOCK_N + offs_n < seq_len)[None, :], s, float("-inf"))
+        t = s + _v_scale_log2(v_scale, KV_QUANT)[None, :]
+        m_new = gl.maximum(m_i, gl.max(t, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        l_t = l_t * alpha[:, None] + gl.exp2(s - (m_new - _L_SHIFT)[:, None])
+        p = gl.convert_layout(gl.exp2(t - m_new[:, None]).to(gl.float16), a_op)
+        v = _cvt(v_ring.index(slot).permute([1, 0]).load(b_op), KV_QUANT, FP8_SOFTWARE)  # V [BLOCK_N, HEAD_DIM]
+        if LAST:
+            v = gl.where((tile * BLOCK_N + v_rows < seq_len)[:, None], v, 0.0)
+        acc = mma_v2(p, v, acc * alpha[:, None])
+        return acc, m_new, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1
+
+    @gluon.jit(do_not_specialize=["max_splits", "min_split_tokens", "batch", "balance_programs"])
+    def _decode_split_kernel_gluon(
+        q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, block_table_ptr, seq_lens_ptr,
+        out_ptr, ws_o_ptr, ws_lse_ptr, ws_plan_ptr,
+        scale_log2, max_splits, min_split_tokens, block_size, num_q_heads, batch, balance_programs,
+        stride_qb, stride_qh,
+        stride_kb, stride_kt, stride_kh,
+        stride_vb, stride_vt, stride_vh, stride_vd,
+        stride_ksb, stride_kst, stride_ksh,
+        stride_vsb, stride_vst, stride_vsh,
+        stride_btb,
+        stride_ob, stride_oh,
+        GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+        NUM_WARPS: gl.constexpr, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr,
+        EVEN_SPLITS: gl.constexpr = False, BALANCE: gl.constexpr = False, BATCH_CHUNK: gl.constexpr = 256,
+    ):  # fmt: skip
+        BLOCK_H: gl.constexpr = 16
+        kv_head = gl.program_id(1)
+        seq = gl.program_id(0)
+        split = gl.program_id(2)
+        ws_first = seq * max_splits
+        # the split plan exactly as the Triton stage 1 takes it (stage 2 reads the same workspace rows)
+        balanced = False
+        if BALANCE:
+            balanced = balance_programs > 0
+        n_splits_balanced = gl.program_id(0) * 0
+        seq_len_balanced = gl.program_id(0) * 0
+        if balanced:
+            chunk_l: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+            seq, split, n_splits_balanced, seq_len_balanced = _balanced_split_of(
+                gl.program_id(0), seq_lens_ptr, batch, balance_programs, max_splits, min_split_tokens, block_size,
+                gl.arange(0, BATCH_CHUNK, layout=chunk_l), BLOCK_N, False, BATCH_CHUNK)
+            ws_first = gl.program_id(0) - split
+            if (split == 0) & (kv_head == 0) & (seq >= 0):
+                gl.store(ws_plan_ptr + 2 * seq, ws_first)
+                gl.store(ws_plan_ptr + 2 * seq + 1, n_splits_balanced)
+
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NUM_WARPS],
+                                                      instr_shape=[16, 8])
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
+        b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
+        rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+        cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+        offs_h = gl.arange(0, BLOCK_H, layout=rows_l)
+        offs_d = gl.arange(0, HEAD_DIM, layout=cols_l)
+        h_mask = offs_h < GROUP
+        q_heads = kv_head * GROUP + offs_h
+        out_offs = seq * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :]
+        hd_mask = h_mask[:, None] & (offs_d[None, :] >= 0)
+
+        if balanced:
+            if seq < 0:
+                return
+            seq_len = seq_len_balanced
+        else:
+            seq_len = gl.load(seq_lens_ptr + seq)
+        n_tiles = _num_tiles(seq_len, block_size, BLOCK_N, False)
+        if balanced:
+            n_splits = n_splits_balanced
+            tiles_per_split = n_tiles // n_splits
+        else:
+            tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens, EVEN_SPLITS)
+        if seq_len <= 0:
+            if split == 0:
+                gl.store(out_ptr + out_offs, gl.zeros([BLOCK_H, HEAD_DIM], out_ptr.dtype.element_ty, mma),
+                         mask=hd_mask)
+            return
+        if split >= n_splits:
+            return
+        if balanced:
+            tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, True)
+        else:
+            tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, EVEN_SPLITS)
+
+        # the ring: cp.async layouts (16 bytes per lane) and conflict-free swizzles
+        D16: gl.constexpr = HEAD_DIM // 16
+        N16: gl.constexpr = BLOCK_N // 16
+        k_blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // D16, D16], [NUM_WARPS, 1], [1, 0])
+        v_blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // N16, N16], [NUM_WARPS, 1], [1, 0])
+        s_blk: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+        k_sh: gl.constexpr = gl.SwizzledSharedLayout(32, 1, 8, [1, 0])
+        if BLOCK_N == 128:
+            v_sh: gl.constexpr = gl.SwizzledSharedLayout(32, 1, 4, [1, 0])
+        else:
+            v_sh: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 4, [1, 0])
+        s_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        k_ring = gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_sh)
+        v_ring = gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, HEAD_DIM, BLOCK_N], v_sh)
+        ks_ring = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_N], s_sh)
+        vs_ring = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_N], s_sh)
+        kr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_blk))
+        kc = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, k_blk))
+        vr = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, v_blk))
+        vc = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, v_blk))
+        sr = gl.arange(0, BLOCK_N, layout=s_blk)
+
+        last_page = (seq_len - 1) // block_size
+        bt_row = block_table_ptr + seq * stride_btb
+        k_head = k_ptr + kv_head * stride_kh
+        v_head = v_ptr + kv_head * stride_vh
+        ks_head = ks_ptr + kv_head * stride_ksh
+        vs_head = vs_ptr + kv_head * stride_vsh
+        # loop-invariant offsets of a tile's rows inside its page
+        k_off = kr[:, None] * stride_kt + kc[None, :]
+        v_off = vr[:, None] * stride_vd + vc[None, :]
+        ks_off = sr * stride_kst
+        vs_off = sr * stride_vst
+        # the tile to issue next and its pages (one division per program; _advance steps on from there)
+        iss_tile = tile_start
+        iss_page = (tile_start * BLOCK_N) // block_size
+        iss_off = tile_start * BLOCK_N - iss_page * block_size
+        iss_phys0 = gl.load(bt_row + iss_page).to(gl.int64)
+        iss_phys1 = gl.load(bt_row + gl.minimum(iss_page + 1, last_page)).to(gl.int64)
+        # prologue: the ring's first NUM_STAGES - 1 tiles
+        for st in gl.static_range(NUM_STAGES - 1):
+            if iss_tile < tile_end:
+                _issue(k_ring, v_ring, ks_ring, vs_ring, st, iss_tile, iss_off, iss_phys0, iss_phys1, seq_len,
+                       block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd,
+                       stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, k_off, v_off, ks_off,
+                       vs_off, BLOCK_N)
+            async_copy.commit_group()
+            iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
+                                                                         iss_phys1, bt_row, last_page, block_size,
+                                                                         BLOCK_N)
+
+        # q: fp16 scaled by a power of two (as _q_for_codes), held as the A operand
+        q_blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, NUM_WARPS], [1, 0])
+        qh = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_blk))
+        qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_blk))
+        q32 = gl.load(q_ptr + seq * stride_qb + (kv_head * GROUP + qh)[:, None] * stride_qh + qd[None, :],
+                      mask=(qh < GROUP)[:, None] & (qd[None, :] >= 0), other=0.0).to(gl.float32)
+        q_s, q_inv_s = _pow2_fp16_scale(q32)
+        q = gl.convert_layout((q32 * q_s).to(gl.float16), a_op)
+        if KV_QUANT == 2:
+            s_mult = scale_log2 * 128.0 * q_inv_s
+        elif FP8_SOFTWARE:
+            s_mult = scale_log2 * 256.0 * q_inv_s
+        else:
+            s_mult = scale_log2 * q_inv_s  # exact e4m3 values
+
+        offs_n = gl.arange(0, BLOCK_N, layout=cols_l)
+        v_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, b_op))
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows_l)
+        l_t = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=mma)
+        acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, layout=mma)
+        # the sequence's last tile, if partial, runs after the loop (LAST): only it masks keys and V past the end
+        n_steady = tile_end - tile_start
+        partial = (tile_end * BLOCK_N > seq_len).to(gl.int32)
+        for i in range(n_steady - partial):
+            acc, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
+                i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc, m_i, l_t, iss_tile,
+                iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head, ks_head,
+                vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst,
+                kr, kc, vr, vc, sr, k_off, v_off, ks_off, vs_off, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE, BLOCK_N,
+                NUM_STAGES, False, mma, b_op, a_op)
+        if partial > 0:
+            acc, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
+                n_steady - 1, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc, m_i, l_t,
+                iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head,
+                ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb,
+                stride_vst, kr, kc, vr, vc, sr, k_off, v_off, ks_off, vs_off, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE,
+                BLOCK_N, NUM_STAGES, True, mma, b_op, a_op)
+        async_copy.wait_group(0)
+
+        l_i = gl.sum(l_t, axis=1)
+        o = acc / l_i[:, None]
+        if (KV_QUANT == 1) and (not FP8_SOFTWARE):
+            o = o * _KV8_HW_OUT_FACTOR
+        else:
+            o = o * _KV8_OUT_FACTOR
+        lse = m_i + gl.log2(l_i) - _L_SHIFT
+        if n_splits == 1:
+            gl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=hd_mask)
+        else:
+            row = (ws_first + split) * num_q_heads + q_heads
+            gl.store(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=hd_mask)
+            gl.store(ws_lse_ptr + row, lse, mask=h_mask)
+
+
+def launch_gluon_stage1(grid, args, *, group, head_dim, block_n, num_stages, num_warps, kv_quant, fp8_software,
+                        even_splits, balance, batch_chunk):
+    """Launch the Gluon stage 1 with the Triton stage 1's positional arguments ``args``."""
+    _decode_split_kernel_gluon[grid](
+        *args, GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages, NUM_WARPS=num_warps,
+        KV_QUANT=kv_quant, FP8_SOFTWARE=fp8_software, EVEN_SPLITS=even_splits, BALANCE=balance,
+        BATCH_CHUNK=batch_chunk, num_warps=num_warps)
+
