@@ -69,13 +69,16 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     return report
 
 
-_VARIANTS_GLUON = [("int8 gluon", 2, False), ("fp8-sw gluon", 1, True), ("fp8-hw gluon", 1, False)]
+# (label, KV_QUANT, FP8_SOFTWARE, V by dim)
+_VARIANTS_GLUON = [("int8 gluon", 2, False, True), ("fp8-sw gluon", 1, True, False), ("fp8-hw gluon", 1, False, False),
+                   ("fp8-sw gluon V by dim", 1, True, True), ("fp8-hw gluon V by dim", 1, False, True)]
 
 
-def compile_gluon_variant(target: str, kv_quant: int, software: bool, launch: dict, group=6, head_dim=256,
-                          tile_loop=False) -> dict:
-    """The Gluon stage 1 (launch key gluon; gluon_stage1.py) compiled for a CUDA target as the launcher calls it: V
-    by dim, the scale views' head stride 1, the kv8 entry's BLOCK_N / num_warps / num_stages."""
+def compile_gluon_variant(target: str, kv_quant: int, software: bool, v_by_dim: bool, launch: dict, group=6,
+                          head_dim=256, tile_loop=False) -> dict:
+    """The Gluon stage 1 (launch key gluon; gluon_stage1.py) compiled for a CUDA target as the launcher calls it: V's
+    unit stride (tokens by dim, head_dim by token) and the scale views' head stride 1, the kv8 entry's BLOCK_N /
+    num_warps / num_stages."""
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -85,12 +88,14 @@ def compile_gluon_variant(target: str, kv_quant: int, software: bool, launch: di
     no_div = {"stride_kst", "stride_vst", "stride_btb", "max_splits", "min_split_tokens", "num_q_heads", "batch",
               "balance_programs"}
     sig, attrs, unit_strides = jit_signature(_decode_split_kernel_gluon, lambda base: _PTR[base],
-                                             ones=("stride_vt", "stride_ksh", "stride_vsh"),
+                                             ones=("stride_vt" if v_by_dim else "stride_vd", "stride_ksh",
+                                                   "stride_vsh"),
                                              div16=lambda name: name not in no_div, scalars={"scale_log2": "fp32"})
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_N=launch["BLOCK_N"], NUM_STAGES=launch["num_stages"],
                   NUM_WARPS=launch["num_warps"], KV_QUANT=kv_quant, FP8_SOFTWARE=software,
                   EVEN_SPLITS=bool(launch.get("even_splits", defaults["even_splits"])),
-                  BALANCE=bool(launch.get("balance", defaults["balance"])), BATCH_CHUNK=256, **unit_strides)
+                  BALANCE=bool(launch.get("balance", defaults["balance"])), BATCH_CHUNK=256, V_TOKEN=not v_by_dim,
+                  **unit_strides)
     kernel = triton.compile(GluonASTSource(_decode_split_kernel_gluon, sig, constexprs=consts, attrs=attrs),
                             target=gpu_target(target), options=dict(num_warps=launch["num_warps"]))
     report = dict(shared=kernel.metadata.shared, **ptxas_usage(kernel.asm["ptx"], gpu_target(target).arch),
@@ -125,9 +130,9 @@ def main(argv=None):
         if args.gluon and target.startswith("sm"):
             launch = {**entry["kv8"], **json.loads(args.gluon), "gluon": 1}
             launch.pop("int8", None)
-            for label, kv, sw in _VARIANTS_GLUON:
+            for label, kv, sw, by_dim in _VARIANTS_GLUON:
                 try:
-                    rep = compile_gluon_variant(target, kv, sw, launch, tile_loop=args.tile_loop)
+                    rep = compile_gluon_variant(target, kv, sw, by_dim, launch, tile_loop=args.tile_loop)
                 except Exception as e:  # noqa: BLE001 - report and go on
                     rep = dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
                 rows.append(dict(target=target, variant=label, launch=launch, **rep))

@@ -1,39 +1,42 @@
-"""Stage 1 of the split-KV decode for 8-bit caches with V by dim, written in Gluon (launch key ``gluon``, CUDA).
+"""Stage 1 of the split-KV decode for 8-bit caches, written in Gluon (launch key ``gluon``, CUDA).
 
 Same grid, arguments, split plan, scale arithmetic and workspace as decode_attention._decode_split_kernel (stage 2
 is shared), but the tile loop is laid out by hand where Triton's choices cost the 8-bit path its speed (issue #17):
 - q (fp16, scaled by a power of two as the Triton kernel does) stays in registers as the mma A operand for the
   whole loop; Triton re-reads it from shared memory for every tile.
-- Each tile's K codes (token rows) and V codes (by dim: token-contiguous rows), and the tile's K / V scales, stream
-  through a ``num_stages``-deep ring in shared memory by cp.async, 16 bytes per lane; the next tile's pages are read
-  from the block table one iteration ahead, so no load's address waits on a load.
-- The codes go from shared memory straight into the mma_v2 B-operand layout with 8 consecutive reduction elements
-  per thread (one 8-byte ld.shared; both operands of a product take the same k order, so the sum is unchanged),
-  are converted there in registers (PTX e4m3 in hardware or with integer ops, or int8) and feed fp16 mma_v2 with
-  float32 accumulation. Only P goes through shared memory (its change of layout); the V tile is never copied.
+- Each tile's K codes (token rows), V codes and the tile's K / V scales stream through a ``num_stages``-deep ring in
+  shared memory by cp.async, 16 bytes per lane; the next tile's pages are read from the block table a page ahead,
+  so no load's address waits on a load.
+- K's codes go from shared memory straight into the mma_v2 B operand of QK^T with 8 consecutive reduction elements
+  per thread (one 8-byte ld.shared; q takes the same k order, so the sum is unchanged), are converted there in
+  registers (PTX e4m3 in hardware or with integer ops, or int8) and feed fp16 mma_v2 with float32 accumulation.
+- P x V runs as two products of head_dim / 2 columns. V by token (fp8 caches): the tile's rows are read as int16
+  pairs of a token's (even, odd) dims by ldmatrix.trans straight into the standard fp16 B operand (2 consecutive
+  tokens per thread), and one byte permute splits each word into the even dims' and the odd dims' codes, converted
+  for the two products (output columns 2n and 2n + 1). V by dim (int8 caches): 8 consecutive tokens per thread,
+  as K, the two halves of head_dim. Only P goes through shared memory (its change of layout); no converted tile is.
 - The softmax's row sum is kept per thread ([16, BLOCK_N] in the mma layout) and reduced once after the loop; only
-  the row max is reduced across warps per tile.
-Swizzles (K 32-byte vectors over 8 phases, V 32 / 16-byte over 4) are conflict-free for the ld.shared of both
-operands and the cp.async stores (gl.bank_conflicts, sm90, head_dim 256, BLOCK_N 128 / 64).
+  the row max is reduced across warps per tile; only the sequence's partial last tile masks keys (and V by dim).
+Swizzles (K 32-byte vectors over 8 phases; V by token 16-byte over 8, by dim 32 / 16-byte over 4) are conflict-free
+for the loads of both operands and the cp.async stores (gl.bank_conflicts, sm90, head_dim 256, BLOCK_N 128 / 64).
 
-H200 (bench/results/2026-12-04-h200-session21-gluon.md): as a contiguous probe (no pages, no splits) at 256 programs
-x 32K tokens, fp8 in hardware reads 4.47 TB/s of codes and scales with BLOCK_N 128, 8 warps, 3 stages, against
-3.28 for the Triton kernel. This kernel, paged, BLOCK_N 128 x 8 warps x 2 stages, one program per SM
-(programs_per_cu 1), fp8 V by dim at 16-32K, two runs: 0.64-0.66 / 0.53-0.57 / 0.56-0.58 / 0.61-0.65x bf16's time
-at batch 1 / 4 / 16 / 64 (hardware e4m3; software 0.66-0.69 / 0.58-0.61 / 0.62-0.63 / 0.68-0.69), 0.88-0.94x the
-Triton kernel's fp8 by token (the table's entry) in the same run. Its tile
-loop is 760 SASS instructions per thread against the probe's 665, at the same ~1.35 issued per cycle: the time
-follows the count (a second, fast issue path for tiles inside one page spilled at 255 registers). For int8 the
-Triton kernel's int8 x int8 products stay faster (0.58-0.63 at batch 16-64 against 0.66-0.71 here; int8 products
-here too measured 0.66-0.69, so this kernel converts int8 codes to fp16 like fp8's).
+H200 (bench/results/2026-12-04-h200-session21-gluon.md), BLOCK_N 128 x 8 warps x 2 stages, one program per SM
+(programs_per_cu 1), against bf16 in the same run at 16-32K: fp8 by token (the served layout), hardware e4m3,
+0.59-0.64 / 0.48-0.52 / 0.52-0.56 / 0.59-0.60x at batch 1 / 4 / 16 / 64, software 0.62-0.65 / 0.53-0.56 / 0.57-0.60
+/ 0.64 (1.03-1.10x hardware), 0.85x / 0.88x the table's Triton kernel (geomean over 4-32K); never slower than bf16
+(1 x 4K: 0.85x, where the Triton kernel's fp8 took 1.01x). fp8 by dim: 0.64-0.66 / 0.53-0.57 / 0.56-0.58 /
+0.61-0.65. Its tile loop is 818 SASS instructions per thread by token and 763 by dim (fp8 hardware; a contiguous
+probe without pages: 665), at ~1.35 issued per cycle per SM: the time follows the count. For int8 the Triton
+kernel's int8 x int8 products stay faster (0.53-0.64 at batch 4-64 against 0.60-0.76 here; int8 products here too
+measured 0.60-0.72, so this kernel converts int8 codes to fp16 like fp8's).
 
-Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync), 8-bit codes with V by
-dim, head_dim a power of two in [64, 256], a GQA group of at most 16, pages of at least BLOCK_N tokens and a
-multiple of 16 (a 16-token V chunk never straddles a page). Elsewhere the launcher runs the Triton kernel.
-Hardware e4m3 gives the exact value (no x 2^-8), so S's factor takes 1 for the code unit and the output 2^32 for
-2^40 (acc is 2^8 x the Triton kernel's; m, l and P' are the same numbers). Slots past a sequence's end that a V
-chunk reads hold any codes (P' = 0 there): the last tile of a sequence zeroes their converted values, as hardware
-decode makes code 0x7f NaN.
+Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes by
+token or by dim or int8 codes by dim, head_dim a power of two in [64, 256], a GQA group of at most 16, pages of at
+least BLOCK_N tokens and a multiple of 16 (a 16-token V run never straddles a page). Elsewhere the launcher runs the
+Triton kernel. Hardware e4m3 gives the exact value (no x 2^-8), so S's factor takes 1 for the code unit and the
+output 2^32 for 2^40 (acc is 2^8 x the Triton kernel's; m, l and P' are the same numbers). K rows, V rows by token
+and scales past a sequence's end are not read (zero-filled); slots past the end that a V run by dim reads hold any
+codes (P' = 0 there): the last tile zeroes their converted values, as hardware decode makes code 0x7f NaN.
 """
 try:  # Triton 3.6 ships Gluon; a build without it (the DCU's, possibly) keeps the Triton kernel
     from triton.experimental import gluon
@@ -53,8 +56,9 @@ def gluon_supported(kv_quant: int, ptx: bool, v_by_dim: bool, head_dim: int, gro
                     block_n: int, num_stages: int) -> bool:
     """Whether the Gluon stage 1 takes this call (the module docstring says why each condition; a ring needs two
     stages)."""
-    return (GLUON and ptx and kv_quant != 0 and v_by_dim and head_dim in HEAD_DIMS and group <= _BLOCK_H
-            and block_size >= block_n and block_size % 16 == 0 and block_n in (64, 128) and num_stages >= 2)
+    return (GLUON and ptx and kv_quant != 0 and (v_by_dim or kv_quant == 1) and head_dim in HEAD_DIMS
+            and group <= _BLOCK_H and block_size >= block_n and block_size % 16 == 0 and block_n in (64, 128)
+            and num_stages >= 2)
 
 
 if GLUON:
@@ -66,6 +70,25 @@ if GLUON:
     }""")  # the exact e4m3 value (the Triton kernel's _PTX_E4M3_HW also multiplies by 2^-8); software e4m3 and int8
     # take the Triton kernel's own PTX (value / 256, value / 128)
     _KV8_HW_OUT_FACTOR = gl.constexpr(4294967296.0)  # 2^32: acc holds exact e4m3 values, 2^8 x the 2^-8 units
+    # V by token: a thread's 32-bit word holds two tokens' (even dim, odd dim) byte pairs, b0 b1 | b2 b3; the tokens'
+    # even dims (b0, b2) and odd dims (b1, b3) become two f16x2 (one per output column of the pair)
+    _E4M3_HW_PAIRS = gl.constexpr("""{
+        .reg .b32 t;
+        .reg .b16 e, o;
+        prmt.b32 t, $2, 0, 0x3120;
+        mov.b32 {e, o}, t;
+        cvt.rn.f16x2.e4m3x2 $0, e;
+        cvt.rn.f16x2.e4m3x2 $1, o;
+    }""")  # exact e4m3 values
+    _E4M3_SW_PAIRS = gl.constexpr("""{
+        .reg .b32 a0, a1;
+        prmt.b32 a0, $2, 0, 0xa280;
+        prmt.b32 a1, $2, 0, 0xb391;
+        shl.b32 a0, a0, 7;
+        shl.b32 a1, a1, 7;
+        and.b32 $0, a0, 0xbf80bf80;
+        and.b32 $1, a1, 0xbf80bf80;
+    }""")  # value / 256: _PTX_E4M3_SW with the bytes taken (b0, b2) and (b1, b3)
 
     @gluon.jit
     def _cvt(codes, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr):
@@ -77,6 +100,16 @@ if GLUON:
                                              pack=4)
         else:
             return gl.inline_asm_elementwise(_E4M3_HW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
+
+    @gluon.jit
+    def _cvt_pairs(pairs, FP8_SOFTWARE: gl.constexpr):
+        """int16 pairs of e4m3 codes (V by token: a token's even and odd dim) -> (even dims, odd dims) in fp16."""
+        if FP8_SOFTWARE:
+            return gl.inline_asm_elementwise(_E4M3_SW_PAIRS, "=r,=r,r", [pairs], dtype=(gl.float16, gl.float16),
+                                             is_pure=True, pack=2)
+        else:
+            return gl.inline_asm_elementwise(_E4M3_HW_PAIRS, "=r,=r,r", [pairs], dtype=(gl.float16, gl.float16),
+                                             is_pure=True, pack=2)
 
     @gluon.jit
     def _advance(tile, off, page, phys0, phys1, bt_row, last_page, block_size, BLOCK_N: gl.constexpr):
@@ -94,12 +127,13 @@ if GLUON:
     @gluon.jit
     def _issue(k_ring, v_ring, ks_ring, vs_ring, slot, tile, off, phys0, phys1, seq_len, block_size,
                k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst,
-               stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N: gl.constexpr):
+               stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, BLOCK_N: gl.constexpr, V_TOKEN: gl.constexpr):
         """cp.async of tile ``tile`` (first slot ``off`` of page phys0) into ring slot ``slot``; the caller commits.
         Two base addresses per tensor (the tile's part of its page and of the next one, phys1); a row takes the
-        second past the page's end. K rows and scales past the sequence's last token are not read (zero-filled;
-        their scores are -inf in the last tile); V's 16-token runs keep the tile's slots (past the sequence's last
-        page: the last page's first slots, valid memory)."""
+        second past the page's end. K rows, V rows by token and scales past the sequence's last token are not read
+        (zero-filled; their scores are -inf in the last tile). By dim, V's 16-token runs keep the tile's slots (past
+        the sequence's last page: the last page's first slots, valid memory). V_TOKEN: V's rows as int16 pairs (vr:
+        the tile's rows, vc: the row's pairs)."""
         split_at = block_size - off  # rows from here on lie in the next page
         n_valid = seq_len - tile * BLOCK_N  # rows before this lie in the sequence
         k_base0 = k_head + phys0 * stride_kb + off * stride_kt
@@ -107,10 +141,17 @@ if GLUON:
         k_row = gl.where(kr >= split_at, k_base1, k_base0) + kr * stride_kt
         async_copy.async_copy_global_to_shared(k_ring.index(slot), k_row[:, None] + kc[None, :],
                                                mask=(kr < n_valid)[:, None] & (kc[None, :] >= 0))
-        v_base0 = v_head + phys0 * stride_vb + off
-        v_base1 = v_head + phys1 * stride_vb + (off - block_size)
-        v_col = gl.where(vc >= split_at, v_base1, v_base0) + vc
-        async_copy.async_copy_global_to_shared(v_ring.index(slot), v_col[None, :] + vr[:, None] * stride_vd)
+        if V_TOKEN:
+            v_base0 = v_head + phys0 * stride_vb + off * stride_vt
+            v_base1 = v_head + phys1 * stride_vb + (off - block_size) * stride_vt
+            v_row = (gl.where(vr >= split_at, v_base1, v_base0) + vr * stride_vt).to(gl.pointer_type(gl.int16))
+            async_copy.async_copy_global_to_shared(v_ring.index(slot), v_row[:, None] + vc[None, :],
+                                                   mask=(vr < n_valid)[:, None] & (vc[None, :] >= 0))
+        else:
+            v_base0 = v_head + phys0 * stride_vb + off
+            v_base1 = v_head + phys1 * stride_vb + (off - block_size)
+            v_col = gl.where(vc >= split_at, v_base1, v_base0) + vc
+            async_copy.async_copy_global_to_shared(v_ring.index(slot), v_col[None, :] + vr[:, None] * stride_vd)
         s_second = sr >= split_at
         s_slot = gl.where(s_second, sr - block_size, sr) + off
         async_copy.async_copy_global_to_shared(
@@ -121,17 +162,20 @@ if GLUON:
             mask=sr < n_valid)
 
     @gluon.jit
-    def _tile_step(i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc, m_i, l_t,
-                   iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring,
+    def _tile_step(i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc_a, acc_b, m_i,
+                   l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring,
                    k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb,
-                   stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n,
+                   stride_kst, stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n,
                    v_rows, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr,
                    NUM_STAGES: gl.constexpr, LAST: gl.constexpr, mma: gl.constexpr, b_op: gl.constexpr,
-                   a_op: gl.constexpr):
+                   a_op: gl.constexpr, V_TOKEN: gl.constexpr, HEAD_DIM: gl.constexpr):
         """Tile ``tile_start + i`` of the online softmax (ring slot i % NUM_STAGES), after issuing the copies of tile
         ``iss_tile`` (NUM_STAGES - 1 ahead) when the split has it. LAST: the sequence's partial last tile, whose keys
         past the end get -inf scores and whose V slots past the end (any codes; hardware decode makes 0x7f NaN) are
-        zeroed; every other tile lies wholly in the sequence."""
+        zeroed; every other tile lies wholly in the sequence. P x V runs as two products of head_dim / 2 columns each
+        (acc_a, acc_b): by dim the two halves of head_dim, by token its even and odd dims (a token's two codes of a
+        pair go to the two products; their B operand is the standard fp16 one, k_width 2, loaded by ldmatrix.trans,
+        and P takes that k order too)."""
         tile = tile_start + i
         slot = i % NUM_STAGES
         async_copy.wait_group(NUM_STAGES - 2)
@@ -139,7 +183,8 @@ if GLUON:
         if iss_tile < tile_end:  # a uniform branch: the ring's lead stops at the split's end
             _issue(k_ring, v_ring, ks_ring, vs_ring, (i + NUM_STAGES - 1) % NUM_STAGES, iss_tile, iss_off, iss_phys0,
                    iss_phys1, seq_len, block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb,
-                   stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N)
+                   stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, BLOCK_N,
+                   V_TOKEN)
         async_copy.commit_group()  # empty past the split's end: one group per tile for wait_group's count
         iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
                                                                      iss_phys1, bt_row, last_page, block_size,
@@ -157,11 +202,24 @@ if GLUON:
         alpha = gl.exp2(m_i - m_new)
         l_t = l_t * alpha[:, None] + gl.exp2(s - (m_new - _L_SHIFT)[:, None])
         p = gl.exp2(t - m_new[:, None])
-        v = _cvt(v_ring.index(slot).permute([1, 0]).load(b_op), KV_QUANT, FP8_SOFTWARE)  # V [BLOCK_N, HEAD_DIM]
-        if LAST:
-            v = gl.where((tile * BLOCK_N + v_rows < seq_len)[:, None], v, 0.0)
-        acc = mma_v2(gl.convert_layout(p.to(gl.float16), a_op), v, acc * alpha[:, None])
-        return acc, m_new, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1
+        HALF: gl.constexpr = HEAD_DIM // 2
+        if V_TOKEN:
+            b_op2: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+            a_op2: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+            va, vb = _cvt_pairs(v_ring.index(slot).load(b_op2), FP8_SOFTWARE)  # even / odd dims [BLOCK_N, HALF]
+            pa = gl.convert_layout(p.to(gl.float16), a_op2)
+        else:
+            v_tile = v_ring.index(slot)  # [HEAD_DIM, BLOCK_N]
+            va = _cvt(v_tile.slice(0, HALF, dim=0).permute([1, 0]).load(b_op), KV_QUANT, FP8_SOFTWARE)
+            vb = _cvt(v_tile.slice(HALF, HALF, dim=0).permute([1, 0]).load(b_op), KV_QUANT, FP8_SOFTWARE)
+            if LAST:
+                in_seq = (tile * BLOCK_N + v_rows < seq_len)[:, None]
+                va = gl.where(in_seq, va, 0.0)
+                vb = gl.where(in_seq, vb, 0.0)
+            pa = gl.convert_layout(p.to(gl.float16), a_op)
+        acc_a = mma_v2(pa, va, acc_a * alpha[:, None])
+        acc_b = mma_v2(pa, vb, acc_b * alpha[:, None])
+        return acc_a, acc_b, m_new, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1
 
     @gluon.jit(do_not_specialize=["max_splits", "min_split_tokens", "batch", "balance_programs"])
     def _decode_split_kernel_gluon(
@@ -178,6 +236,7 @@ if GLUON:
         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         NUM_WARPS: gl.constexpr, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr,
         EVEN_SPLITS: gl.constexpr = False, BALANCE: gl.constexpr = False, BATCH_CHUNK: gl.constexpr = 256,
+        V_TOKEN: gl.constexpr = False,
     ):  # fmt: skip
         BLOCK_H: gl.constexpr = 16
         kv_head = gl.program_id(1)
@@ -207,11 +266,19 @@ if GLUON:
         rows_l: gl.constexpr = gl.SliceLayout(1, mma)
         cols_l: gl.constexpr = gl.SliceLayout(0, mma)
         offs_h = gl.arange(0, BLOCK_H, layout=rows_l)
-        offs_d = gl.arange(0, HEAD_DIM, layout=cols_l)
+        HALF: gl.constexpr = HEAD_DIM // 2
+        # output columns of the two P x V products: by dim the two halves of head_dim, by token the even / odd dims
+        offs_half = gl.arange(0, HALF, layout=cols_l)
+        if V_TOKEN:
+            d_a = 2 * offs_half
+            d_b = 2 * offs_half + 1
+        else:
+            d_a = offs_half
+            d_b = offs_half + HALF
         h_mask = offs_h < GROUP
         q_heads = kv_head * GROUP + offs_h
-        out_offs = seq * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :]
-        hd_mask = h_mask[:, None] & (offs_d[None, :] >= 0)
+        out_rows = seq * stride_ob + q_heads[:, None] * stride_oh
+        hd_mask = h_mask[:, None] & (offs_half[None, :] >= 0)
 
         if balanced:
             if seq < 0:
@@ -227,8 +294,9 @@ if GLUON:
             tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens, EVEN_SPLITS)
         if seq_len <= 0:
             if split == 0:
-                gl.store(out_ptr + out_offs, gl.zeros([BLOCK_H, HEAD_DIM], out_ptr.dtype.element_ty, mma),
-                         mask=hd_mask)
+                zero = gl.zeros([BLOCK_H, HALF], out_ptr.dtype.element_ty, mma)
+                gl.store(out_ptr + out_rows + d_a[None, :], zero, mask=hd_mask)
+                gl.store(out_ptr + out_rows + d_b[None, :], zero, mask=hd_mask)
             return
         if split >= n_splits:
             return
@@ -241,22 +309,34 @@ if GLUON:
         D16: gl.constexpr = HEAD_DIM // 16
         N16: gl.constexpr = BLOCK_N // 16
         k_blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // D16, D16], [NUM_WARPS, 1], [1, 0])
-        v_blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // N16, N16], [NUM_WARPS, 1], [1, 0])
+        if V_TOKEN:  # int16 pairs of a token's codes: [BLOCK_N, HEAD_DIM / 2], 8 per lane
+            v_blk: gl.constexpr = gl.BlockedLayout([1, 8], [32 // D16, D16], [NUM_WARPS, 1], [1, 0])
+        else:
+            v_blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // N16, N16], [NUM_WARPS, 1], [1, 0])
         s_blk: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
         k_sh: gl.constexpr = gl.SwizzledSharedLayout(32, 1, 8, [1, 0])
-        if BLOCK_N == 128:
+        if V_TOKEN:
+            v_sh: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])  # for ldmatrix.trans, conflict-free
+        elif BLOCK_N == 128:
             v_sh: gl.constexpr = gl.SwizzledSharedLayout(32, 1, 4, [1, 0])
         else:
             v_sh: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 4, [1, 0])
         s_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         k_ring = gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_sh)
-        v_ring = gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, HEAD_DIM, BLOCK_N], v_sh)
+        if V_TOKEN:
+            v_ring = gl.allocate_shared_memory(gl.int16, [NUM_STAGES, BLOCK_N, HALF], v_sh)
+        else:
+            v_ring = gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, HEAD_DIM, BLOCK_N], v_sh)
         ks_ring = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_N], s_sh)
         vs_ring = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_N], s_sh)
         kr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_blk))
         kc = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, k_blk))
-        vr = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, v_blk))
-        vc = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, v_blk))
+        if V_TOKEN:
+            vr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, v_blk))
+            vc = gl.arange(0, HALF, layout=gl.SliceLayout(0, v_blk))
+        else:
+            vr = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, v_blk))
+            vc = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, v_blk))
         sr = gl.arange(0, BLOCK_N, layout=s_blk)
 
         last_page = (seq_len - 1) // block_size
@@ -276,7 +356,8 @@ if GLUON:
             if iss_tile < tile_end:
                 _issue(k_ring, v_ring, ks_ring, vs_ring, st, iss_tile, iss_off, iss_phys0, iss_phys1, seq_len,
                        block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd,
-                       stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N)
+                       stride_ksb, stride_kst, stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, BLOCK_N,
+                       V_TOKEN)
             async_copy.commit_group()
             iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
                                                                          iss_phys1, bt_row, last_page, block_size,
@@ -301,46 +382,50 @@ if GLUON:
         v_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, b_op))
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows_l)
         l_t = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=mma)
-        acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, layout=mma)
+        acc_a = gl.zeros([BLOCK_H, HALF], gl.float32, layout=mma)
+        acc_b = gl.zeros([BLOCK_H, HALF], gl.float32, layout=mma)
         # the sequence's last tile, if partial, runs after the loop (LAST): only it masks keys and V past the end
         n_steady = tile_end - tile_start
         partial = (tile_end * BLOCK_N > seq_len).to(gl.int32)
         for i in range(n_steady - partial):
-            acc, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
-                i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc, m_i, l_t,
+            acc_a, acc_b, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
+                i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc_a, acc_b, m_i, l_t,
                 iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head,
                 ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb,
-                stride_vst, kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE, BLOCK_N, NUM_STAGES, False,
-                mma, b_op, a_op)
+                stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE, BLOCK_N,
+                NUM_STAGES, False, mma, b_op, a_op, V_TOKEN, HEAD_DIM)
         if partial > 0:
-            acc, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
-                n_steady - 1, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc, m_i,
-                l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head,
+            acc_a, acc_b, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
+                n_steady - 1, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc_a, acc_b,
+                m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head,
                 v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst,
-                stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE, BLOCK_N,
-                NUM_STAGES, True, mma, b_op, a_op)
+                stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE,
+                BLOCK_N, NUM_STAGES, True, mma, b_op, a_op, V_TOKEN, HEAD_DIM)
         async_copy.wait_group(0)
 
         l_i = gl.sum(l_t, axis=1)
-        o = acc / l_i[:, None]
         if (KV_QUANT == 1) and (not FP8_SOFTWARE):
-            o = o * _KV8_HW_OUT_FACTOR
+            out_factor = _KV8_HW_OUT_FACTOR / l_i
         else:
-            o = o * _KV8_OUT_FACTOR
+            out_factor = _KV8_OUT_FACTOR / l_i
+        o_a = acc_a * out_factor[:, None]
+        o_b = acc_b * out_factor[:, None]
         lse = m_i + gl.log2(l_i) - _L_SHIFT
         if n_splits == 1:
-            gl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=hd_mask)
+            gl.store(out_ptr + out_rows + d_a[None, :], o_a.to(out_ptr.dtype.element_ty), mask=hd_mask)
+            gl.store(out_ptr + out_rows + d_b[None, :], o_b.to(out_ptr.dtype.element_ty), mask=hd_mask)
         else:
             row = (ws_first + split) * num_q_heads + q_heads
-            gl.store(ws_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=hd_mask)
+            gl.store(ws_o_ptr + row[:, None] * HEAD_DIM + d_a[None, :], o_a, mask=hd_mask)
+            gl.store(ws_o_ptr + row[:, None] * HEAD_DIM + d_b[None, :], o_b, mask=hd_mask)
             gl.store(ws_lse_ptr + row, lse, mask=h_mask)
 
 
 def launch_gluon_stage1(grid, args, *, group, head_dim, block_n, num_stages, num_warps, kv_quant, fp8_software,
-                        even_splits, balance, batch_chunk):
+                        even_splits, balance, batch_chunk, v_by_dim):
     """Launch the Gluon stage 1 with the Triton stage 1's positional arguments ``args``."""
     _decode_split_kernel_gluon[grid](
         *args, GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages, NUM_WARPS=num_warps,
         KV_QUANT=kv_quant, FP8_SOFTWARE=fp8_software, EVEN_SPLITS=even_splits, BALANCE=balance,
-        BATCH_CHUNK=batch_chunk, num_warps=num_warps)
+        BATCH_CHUNK=batch_chunk, V_TOKEN=not v_by_dim, num_warps=num_warps)
 

@@ -49,10 +49,12 @@ Keys of an entry:
               per SM: 1.06-1.10x the sm90 entry's time, so no entry sets it yet); min_split_tokens likewise
               (a sequence's shortest split, so the kernel's own split count at short contexts);
               gluon (0/1, kv8 only, CUDA): stage 1 as the Gluon kernel of gluon_stage1.py (q held in registers,
-              the codes through a cp.async ring straight into the matrix operands) where it covers the call (8-bit
-              codes with V by dim, head_dim 64 / 128 / 256, pages of at least BLOCK_N tokens, BLOCK_N 64 or 128,
-              num_stages >= 2: gluon_stage1.gluon_supported); elsewhere the Triton kernel. Its tiles never
-              follow page_loop; early_convert and int8_qk do not apply to it;
+              the codes through a cp.async ring straight into the matrix operands) where it covers the call (fp8
+              codes by token or by dim, int8 by dim, head_dim 64 / 128 / 256, pages of at least BLOCK_N tokens,
+              BLOCK_N 64 or 128, num_stages >= 2: gluon_stage1.gluon_supported); elsewhere the Triton kernel. Its
+              tiles never follow page_loop; early_convert and int8_qk do not apply to it. H200, fp8 by token at
+              16-32K with BLOCK_N 128 x 8 warps x 2 stages and programs_per_cu 1: 0.48-0.64x bf16, 0.85x the entry's
+              time; not in the entry yet (the engine's checks with it are to come);
               int8 (kv8 only): launch options merged over kv8 for int8 caches only (fp8 caches take kv8 as it is),
               from BLOCK_N, num_warps, num_stages, waves_per_eu, matrix_instr_nonkdim, early_convert, page_loop
               (nothing of the host's split plan: the workspace is sized for kv8 whatever the kind);

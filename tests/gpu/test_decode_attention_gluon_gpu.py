@@ -13,7 +13,7 @@ import torch
 
 from kernels.decode_attention import launch_params
 from tests.attention_checks import v_by_dim
-from tests.gpu.test_decode_attention_gpu import KV8, KV8_IDS, check, check_rel, make_case, run
+from tests.gpu.test_decode_attention_gpu import check, check_rel, make_case, run
 
 pytestmark = pytest.mark.gpu
 gluon_module = importlib.import_module("kernels.decode_attention.gluon_stage1")
@@ -40,31 +40,38 @@ def gluon_on(request, monkeypatch):
     return calls
 
 
-def by_dim_case(lens, block_size, kv_quant, **kw):
+# (kind, software e4m3, V layout): int8 caches hold V by dim; fp8 ones by token (as served) or by dim
+KINDS = [("int8", False, "dim"), ("fp8", False, "token"), ("fp8", True, "token"), ("fp8", False, "dim"),
+         ("fp8", True, "dim")]
+KIND_IDS = ["int8", "fp8-hw-token", "fp8-sw-token", "fp8-hw-dim", "fp8-sw-dim"]
+
+
+def kind_case(lens, block_size, kv_quant, v_layout, **kw):
     case = make_case(lens, block_size, kv_quant=kv_quant, **kw)
-    case["v_cache"] = v_by_dim(case["v_cache"])  # int8 caches already are; fp8 ones become so
+    if v_layout == "dim":
+        case["v_cache"] = v_by_dim(case["v_cache"])  # int8 caches already are
     return case
 
 
-@pytest.mark.parametrize("kv_quant,software", KV8, ids=KV8_IDS)
+@pytest.mark.parametrize("kv_quant,software,v_layout", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("block_size", [128, 784, 1552])
-def test_gluon_stage1_matches_reference_at_ragged_lengths(gluon_on, kv_quant, software, block_size):
-    case = by_dim_case([1, 127, 128, 129, 777, 5000, 16385, 3], block_size, kv_quant, seed=1)
+def test_gluon_stage1_matches_reference_at_ragged_lengths(gluon_on, kv_quant, software, v_layout, block_size):
+    case = kind_case([1, 127, 128, 129, 777, 5000, 16385, 3], block_size, kv_quant, v_layout, seed=1)
     check(run(case, software_fp8=software), case)
     assert gluon_on, "the Gluon stage 1 did not run"
 
 
-@pytest.mark.parametrize("kv_quant,software", KV8, ids=KV8_IDS)
+@pytest.mark.parametrize("kv_quant,software,v_layout", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 200])
-def test_gluon_stage1_forced_splits(gluon_on, kv_quant, software, num_splits):
-    case = by_dim_case([16385, 300, 4099], 1552, kv_quant, seed=2)
+def test_gluon_stage1_forced_splits(gluon_on, kv_quant, software, v_layout, num_splits):
+    case = kind_case([16385, 300, 4099], 1552, kv_quant, v_layout, seed=2)
     check(run(case, software_fp8=software, num_splits=num_splits), case)
     assert gluon_on
 
 
-@pytest.mark.parametrize("kv_quant,software", KV8, ids=KV8_IDS)
-def test_gluon_stage1_agrees_with_the_triton_kernel(gluon_on, monkeypatch, kv_quant, software):
-    case = by_dim_case([9000, 1, 33, 20000], 784, kv_quant, seed=3)
+@pytest.mark.parametrize("kv_quant,software,v_layout", KINDS, ids=KIND_IDS)
+def test_gluon_stage1_agrees_with_the_triton_kernel(gluon_on, monkeypatch, kv_quant, software, v_layout):
+    case = kind_case([9000, 1, 33, 20000], 784, kv_quant, v_layout, seed=3)
     got = run(case, software_fp8=software)
     assert gluon_on
     monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"gluon": 0}}))
@@ -75,12 +82,12 @@ def test_gluon_stage1_agrees_with_the_triton_kernel(gluon_on, monkeypatch, kv_qu
     assert err < 5e-3, f"relative difference {err.item():.2e}"
 
 
-@pytest.mark.parametrize("kv_quant,software", KV8, ids=KV8_IDS)
-def test_gluon_stage1_ignores_garbage_past_the_end_of_the_last_page(gluon_on, kv_quant, software):
+@pytest.mark.parametrize("kv_quant,software,v_layout", KINDS, ids=KIND_IDS)
+def test_gluon_stage1_ignores_garbage_past_the_end_of_the_last_page(gluon_on, kv_quant, software, v_layout):
     # V by dim: a tile's 16-token chunks read the slots past the sequence's end as they are; 0x7f is NaN to the
-    # hardware e4m3 decode, and 0 x NaN would reach the output
+    # hardware e4m3 decode, and 0 x NaN would reach the output (by token those rows are not read)
     lens = [1000, 1553, 17, 130]
-    case = by_dim_case(lens, 1552, kv_quant, seed=5)
+    case = kind_case(lens, 1552, kv_quant, "token", seed=5)
     bs = case["k_cache"].shape[1]
     for b, n in enumerate(lens):
         page = case["block_table"][b, (n - 1) // bs]
@@ -88,32 +95,33 @@ def test_gluon_stage1_ignores_garbage_past_the_end_of_the_last_page(gluon_on, kv
             cache[page, (n - 1) % bs + 1:] = 0x7F
         for scales in (case["k_scales"], case["v_scales"]):
             scales[page, (n - 1) % bs + 1:] = float("nan")
+    if v_layout == "dim":
+        case["v_cache"] = v_by_dim(case["v_cache"])
     check(run(case, software_fp8=software), case)
     assert gluon_on
 
 
-@pytest.mark.parametrize("kv_quant,software", KV8, ids=KV8_IDS)
+@pytest.mark.parametrize("kv_quant,software,v_layout", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("k_mag,v_mag", [(2.0, 1e-6), (6e4, 1e5), (6e4, 1e-6)])
-def test_gluon_stage1_across_the_value_range(gluon_on, kv_quant, software, k_mag, v_mag):
-    case = by_dim_case([16385, 5000, 17], 1552, kv_quant, seed=8, k_mag=k_mag, v_mag=v_mag)
+def test_gluon_stage1_across_the_value_range(gluon_on, kv_quant, software, v_layout, k_mag, v_mag):
+    case = kind_case([16385, 5000, 17], 1552, kv_quant, v_layout, seed=8, k_mag=k_mag, v_mag=v_mag)
     check_rel(run(case, software_fp8=software), case)
     check_rel(run(case, software_fp8=software, num_splits=1), case)
     assert gluon_on
 
 
-@pytest.mark.parametrize("kv_quant", ["fp8", "int8"])
-def test_gluon_stage1_takes_queries_beyond_fp16_range(gluon_on, kv_quant):
-    case = by_dim_case([3000, 90], 1552, kv_quant, seed=6)
+@pytest.mark.parametrize("kv_quant,v_layout", [("fp8", "token"), ("fp8", "dim"), ("int8", "dim")])
+def test_gluon_stage1_takes_queries_beyond_fp16_range(gluon_on, kv_quant, v_layout):
+    case = kind_case([3000, 90], 1552, kv_quant, v_layout, seed=6)
     case["q"] = (case["q"].float() * 3e4).to(torch.bfloat16)
     case["scale"] = 256**-0.5 / 3e4
     check(run(case), case)
     assert gluon_on
 
 
-def test_fp8_by_token_and_short_pages_keep_the_triton_kernel(gluon_on):
-    # where the Gluon stage 1 does not apply (V by token; pages shorter than BLOCK_N), the Triton kernel runs
-    case = make_case([3000, 90], 1552, kv_quant="fp8", seed=7)
-    check(run(case), case)
-    case = by_dim_case([3000, 90], 16, "fp8", seed=7)
+@pytest.mark.parametrize("v_layout", ["token", "dim"])
+def test_short_pages_keep_the_triton_kernel(gluon_on, v_layout):
+    # where the Gluon stage 1 does not apply (pages shorter than BLOCK_N), the Triton kernel runs
+    case = kind_case([3000, 90], 16, "fp8", v_layout, seed=7)
     check(run(case), case)
     assert not gluon_on
