@@ -591,6 +591,8 @@ def test_launcher_rejects_bad_inputs_with_one_clear_message():
 
 # --- launch parameters ---------------------------------------------------------------------------
 
+GLUON_LAUNCH = {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}  # the kv8 entry's gluon launch the tests turn on
+
 def test_env_override_replaces_values_for_both_kv_widths(params):
     table_before = json.dumps(launch_params.PARAMS, sort_keys=True)
     params(BLOCK_N=64, kv8={"num_warps": 8}, programs_per_cu=3)
@@ -630,8 +632,12 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     ('{"kv8": {"int8": {"num_warps": 0}}}', "kv8.num_warps must be a positive integer"),
     ('{"kv8": {"int8": {"BLOCK_N": 48}}}', "kv8.BLOCK_N must be a power of two >= 16"),
     ('{"kv8": {"int8": {"waves_per_eu": 2}}}', "ROCm-only options, not valid on sm90"),
-    ('{"kv8": {"gluon": 2}}', "kv8.gluon must be 0 or 1"),
-    ('{"kv16": {"gluon": 1}}', "gluon applies to kv8 only"),
+    ('{"kv8": {"gluon": 1}}', "'kv8.gluon' must be an object with BLOCK_N, num_warps, num_stages"),
+    ('{"kv8": {"gluon": {"BLOCK_N": 128, "num_warps": 8}}}', "'kv8.gluon' must be an object with BLOCK_N"),
+    ('{"kv8": {"gluon": {"BLOCK_N": 32, "num_warps": 8, "num_stages": 2}}}', "kv8.gluon needs BLOCK_N in"),
+    ('{"kv8": {"gluon": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}}', r"num_stages >= 2 \(a ring\)"),
+    ('{"kv8": {"gluon": {"BLOCK_N": 128, "num_warps": 0, "num_stages": 2}}}', "kv8.gluon.num_warps must be a positive"),
+    ('{"kv16": {"gluon": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}}', "'kv16' must be an object with keys"),
 ])
 def test_bad_env_override_fails_with_one_clear_error(text, match):
     with pytest.raises(ValueError, match=match):
@@ -957,7 +963,7 @@ def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
 
 @pytest.mark.slow
 def test_gluon_stage1_compiles_for_sm90_without_spills():
-    # launch key gluon: the Gluon stage 1 for each 8-bit kind, as the bench's kv8 entry for it launches it
+    # launch key gluon: the Gluon stage 1 for fp8 (V by token, as fp8 caches hold it, and by dim)
     import subprocess
     import sys
     from pathlib import Path
@@ -965,17 +971,18 @@ def test_gluon_stage1_compiles_for_sm90_without_spills():
     repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "kernels.decode_attention.compile_check", "--json", "--tile-loop",
-                           "--target", "sm90", "--gluon", '{"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}'],
+                           "--target", "sm90", "--gluon", json.dumps(GLUON_LAUNCH)],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in json.loads(proc.stdout) if "gluon" in r["variant"]]
-    assert [r["variant"] for r in rows] == ["int8 gluon", "fp8-sw gluon", "fp8-hw gluon", "fp8-sw gluon V by dim",
+    assert [r["variant"] for r in rows] == ["fp8-sw gluon", "fp8-hw gluon", "fp8-sw gluon V by dim",
                                             "fp8-hw gluon V by dim"]
     for r in rows:
         assert "error" not in r, r
         assert r["spills"] == 0 and r["shared"] <= 227 * 1024, r
         ops = r["tile_loop"]["ops"]
         assert "HMMA" in ops and "LDGSTS" in ops, r  # fp16 products, the cp.async ring
+        assert ("LDSM" in ops) == ("V by dim" not in r["variant"]), r  # V by token: ldmatrix.trans of byte pairs
         # F2FP: P's fp32 -> fp16 packs in every kind, and in fp8-hw each tile's 64 KB of e4m3 codes (2 per 8 codes)
         assert (ops.get("F2FP", 0) >= 128) == r["variant"].startswith("fp8-hw"), r
 
@@ -993,14 +1000,14 @@ def test_int8_qk_takes_its_own_path(params):
 
 # --- launch key gluon: where the Gluon stage 1 takes a call ------------------------------------------------------
 
-def test_gluon_stage1_covers_cuda_ptx_calls_with_fp8_or_v_by_dim_and_pages_of_a_tile():
+def test_gluon_stage1_covers_cuda_ptx_fp8_calls_with_pages_of_a_tile():
     from kernels.decode_attention import gluon_stage1
 
-    ok = dict(kv_quant=1, ptx=True, v_by_dim=True, head_dim=256, group=6, block_size=1552, block_n=128,
+    ok = dict(kv_quant=1, ptx=True, v_by_dim=False, head_dim=256, group=6, block_size=1552, block_n=128,
               num_stages=2)
     assert gluon_stage1.gluon_supported(**ok) == gluon_stage1.GLUON
-    assert gluon_stage1.gluon_supported(**{**ok, "v_by_dim": False}) == gluon_stage1.GLUON  # fp8 by token too
-    for change in (dict(ptx=False), dict(kv_quant=2, v_by_dim=False), dict(kv_quant=0), dict(head_dim=96),
+    assert gluon_stage1.gluon_supported(**{**ok, "v_by_dim": True}) == gluon_stage1.GLUON  # fp8 by dim too
+    for change in (dict(ptx=False), dict(kv_quant=2, v_by_dim=True), dict(kv_quant=0), dict(head_dim=96),
                    dict(group=17), dict(block_size=64), dict(block_size=1560), dict(block_n=32), dict(num_stages=1)):
         assert not gluon_stage1.gluon_supported(**{**ok, **change}), change
 
@@ -1011,8 +1018,23 @@ def test_gluon_key_off_cuda_runs_the_triton_kernel(params, monkeypatch):
 
     calls = []
     monkeypatch.setattr(gluon_stage1, "launch_gluon_stage1", lambda *a, **k: calls.append(k))
-    params(kv8={"gluon": 1})
+    params(kv8={"gluon": GLUON_LAUNCH})
     case = make_case([70, 45], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="fp8", seed=9)
-    case["v_cache"] = v_by_dim(case["v_cache"])
     assert_close(run(case, num_splits=2), reference(case), torch.bfloat16)
     assert not calls
+
+
+def test_gluon_launch_has_its_own_split_plan_and_the_workspace_holds_both(params):
+    # the gluon object's programs_per_cu is the Gluon stage 1's own plan (fp8 calls it takes); the workspace a graph
+    # preallocates must hold that plan and the Triton kernel's (int8, and fp8 calls it does not cover)
+    da = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
+    cpu = torch.device("cpu")
+    params()
+    without = workspace_numel(4, 24, 4, 256, cpu, kv8=True)
+    params(kv8={"gluon": {**GLUON_LAUNCH, "programs_per_cu": 64}})
+    triton_plan = da._plan(4, 24, 4, 256, cpu, None, True)
+    gluon_plan = da._plan(4, 24, 4, 256, cpu, None, True, gluon=True)
+    assert gluon_plan.launch["BLOCK_N"] == 128 and "gluon" not in gluon_plan.launch
+    assert triton_plan.launch["BLOCK_N"] != 128 and gluon_plan.splits > triton_plan.splits
+    both = workspace_numel(4, 24, 4, 256, cpu, kv8=True)
+    assert both == max(triton_plan.numel(4, 24, 256), gluon_plan.numel(4, 24, 256)) > without

@@ -1,7 +1,7 @@
 """Compile the split-KV decode kernel ahead of time for a GPU target, without a GPU, and report its resources.
 
     python -m kernels.decode_attention.compile_check [--target sm90|gfx936|gfx928|...] [--json] [--tile-loop]
-        [--gluon JSON]
+        [--gluon [JSON]]
 
 For the target's launch_params entry (kv16 for bf16 caches, kv8 for int8 / fp8 with the software and, where the
 target has it, hardware e4m3 decode; on CUDA the PTX and the portable code conversions) at Qwen3.5-27B's head
@@ -11,8 +11,8 @@ registers, spills, shared memory / LDS and barriers are printed. The CPU interpr
 this is what finds code the compiler refuses (e.g. a plain Python global inside a kernel). Must run without
 TRITON_INTERPRET=1. --tile-loop (CUDA targets) adds stage 1's tile loop as ptxas compiled it: its SASS instructions
 per thread per tile and the most frequent opcodes (compile_tools.sass_tile_loop), the count to set against a tile's
-measured time. --gluon JSON (CUDA targets) adds the Gluon stage 1 (gluon_stage1.py) for int8 and fp8 with that kv8
-launch.
+measured time. --gluon [JSON] (CUDA targets) adds the Gluon stage 1 (gluon_stage1.py) for fp8, V by token and by
+dim, with the kv8 entry's gluon launch and JSON over it.
 """
 import argparse
 import json
@@ -69,16 +69,16 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     return report
 
 
-# (label, KV_QUANT, FP8_SOFTWARE, V by dim)
-_VARIANTS_GLUON = [("int8 gluon", 2, False, True), ("fp8-sw gluon", 1, True, False), ("fp8-hw gluon", 1, False, False),
-                   ("fp8-sw gluon V by dim", 1, True, True), ("fp8-hw gluon V by dim", 1, False, True)]
+# (label, FP8_SOFTWARE, V by dim): fp8 caches hold V by token; by dim is the bench's --v-layouts dim
+_VARIANTS_GLUON = [("fp8-sw gluon", True, False), ("fp8-hw gluon", False, False), ("fp8-sw gluon V by dim", True, True),
+                   ("fp8-hw gluon V by dim", False, True)]
 
 
-def compile_gluon_variant(target: str, kv_quant: int, software: bool, v_by_dim: bool, launch: dict, group=6,
+def compile_gluon_variant(target: str, software: bool, v_by_dim: bool, launch: dict, group=6,
                           head_dim=256, tile_loop=False) -> dict:
-    """The Gluon stage 1 (launch key gluon; gluon_stage1.py) compiled for a CUDA target as the launcher calls it: V's
-    unit stride (tokens by dim, head_dim by token) and the scale views' head stride 1, the kv8 entry's BLOCK_N /
-    num_warps / num_stages."""
+    """The Gluon stage 1 (launch key gluon; gluon_stage1.py) compiled for a CUDA target as the launcher calls it for
+    fp8: V's unit stride (head_dim by token, tokens by dim) and the scale views' head stride 1, the ``gluon`` launch's
+    BLOCK_N / num_warps / num_stages."""
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -92,7 +92,7 @@ def compile_gluon_variant(target: str, kv_quant: int, software: bool, v_by_dim: 
                                                    "stride_vsh"),
                                              div16=lambda name: name not in no_div, scalars={"scale_log2": "fp32"})
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_N=launch["BLOCK_N"], NUM_STAGES=launch["num_stages"],
-                  NUM_WARPS=launch["num_warps"], KV_QUANT=kv_quant, FP8_SOFTWARE=software,
+                  NUM_WARPS=launch["num_warps"], FP8_SOFTWARE=software,
                   EVEN_SPLITS=bool(launch.get("even_splits", defaults["even_splits"])),
                   BALANCE=bool(launch.get("balance", defaults["balance"])), BATCH_CHUNK=256, V_TOKEN=not v_by_dim,
                   **unit_strides)
@@ -111,9 +111,9 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     ap.add_argument("--tile-loop", action="store_true", help="CUDA targets: also stage 1's tile loop in SASS "
                     "(instructions per thread per tile, most frequent opcodes)")
-    ap.add_argument("--gluon", metavar="JSON", help="CUDA targets: also the Gluon stage 1 (launch key gluon) with "
-                    "this kv8 launch (BLOCK_N, num_warps, num_stages, ...), e.g. "
-                    "'{\"BLOCK_N\": 128, \"num_warps\": 8, \"num_stages\": 2}'")
+    ap.add_argument("--gluon", metavar="JSON", nargs="?", const="{}", help="CUDA targets: also the Gluon stage 1 "
+                    "(fp8; the kv8 entry's gluon launch) with this JSON over it (BLOCK_N, num_warps, num_stages), "
+                    "e.g. '{\"BLOCK_N\": 128, \"num_warps\": 8, \"num_stages\": 2}'")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("error: compile_check needs Triton's compiler: unset TRITON_INTERPRET")
@@ -128,11 +128,13 @@ def main(argv=None):
                 rep = dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
             rows.append(dict(target=target, variant=label, launch=launch, **rep))
         if args.gluon and target.startswith("sm"):
-            launch = {**entry["kv8"], **json.loads(args.gluon), "gluon": 1}
-            launch.pop("int8", None)
-            for label, kv, sw, by_dim in _VARIANTS_GLUON:
+            # the kv8 entry's gluon launch over kv8, then the command line's
+            launch = {**entry["kv8"], **(entry["kv8"].get("gluon") or {}), **json.loads(args.gluon)}
+            for key in ("gluon", "int8"):
+                launch.pop(key, None)
+            for label, sw, by_dim in _VARIANTS_GLUON:
                 try:
-                    rep = compile_gluon_variant(target, kv, sw, by_dim, launch, tile_loop=args.tile_loop)
+                    rep = compile_gluon_variant(target, sw, by_dim, launch, tile_loop=args.tile_loop)
                 except Exception as e:  # noqa: BLE001 - report and go on
                     rep = dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
                 rows.append(dict(target=target, variant=label, launch=launch, **rep))

@@ -768,10 +768,14 @@ class _Plan(NamedTuple):
         return self.plan_ints(batch) + self.rows(batch) * num_q_heads * (head_dim + 1)
 
 
-def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8) -> _Plan:
+def _plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8, gluon=False) -> _Plan:
+    """The launch and split plan; gluon: for the Gluon stage 1, the kv8 entry's ``gluon`` launch over its own."""
     target = launch_params.current_target(device)
     entry = launch_params.get_params(target)
     launch = dict(entry["kv8" if kv8 else "kv16"])
+    if gluon:
+        launch.update(launch.pop("gluon"))
+        launch.pop("int8", None)
     round_down = launch.get("split_round", launch_params.LAUNCH_DEFAULTS["split_round"]) == "down"
     programs = 0
     if num_splits is None:
@@ -801,19 +805,26 @@ def workspace_numel(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: i
                     num_splits: int | None = None) -> int:
     """float32 elements of workspace ``decode_attention`` needs for a batch of this size (for
     preallocating one buffer for the largest batch a CUDA graph captures)."""
-    plan = _plan(batch, num_q_heads, num_kv_heads, head_dim, torch.device(device), num_splits, kv8)
-    return plan.numel(batch, num_q_heads, head_dim)
+    device = torch.device(device)
+    plans = [_plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8)]
+    if kv8 and launch_params.get_params(launch_params.current_target(device))["kv8"].get("gluon"):
+        plans.append(_plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8, gluon=True))
+    return max(plan.numel(batch, num_q_heads, head_dim) for plan in plans)  # fp8 calls may take the Gluon plan
 
 
-def _takes_gluon(launch, kv_quant, ptx, v_by_dim, head_dim, group, block_size, consts, options) -> bool:
-    """Launch key gluon (kv8): stage 1 runs as gluon_stage1's kernel where that kernel covers the call
-    (gluon_stage1.gluon_supported: CUDA PTX conversions, V by dim, ...); every other call takes the Triton kernel."""
-    if not launch.get("gluon", launch_params.LAUNCH_DEFAULTS["gluon"]) or kv_quant is None:
+def _takes_gluon(device, kv_quant, ptx, v_by_dim, head_dim, group, block_size) -> bool:
+    """Launch key gluon (kv8): an fp8 call runs gluon_stage1's kernel, with the entry's ``gluon`` launch, where that
+    kernel covers it (gluon_stage1.gluon_supported: CUDA PTX conversions, pages of at least its BLOCK_N, ...);
+    every other call, int8 included (its int8 x int8 products are faster), takes the Triton kernel."""
+    if kv_quant != "fp8" or not ptx:
+        return False
+    launch = launch_params.get_params(launch_params.current_target(device))["kv8"].get("gluon")
+    if not launch:
         return False
     from .gluon_stage1 import gluon_supported
 
-    return gluon_supported(_KV_QUANT[kv_quant], ptx, v_by_dim, head_dim, group, block_size, consts["BLOCK_N"],
-                           options.get("num_stages", 1))
+    return gluon_supported(_KV_QUANT[kv_quant], ptx, v_by_dim, head_dim, group, block_size, launch["BLOCK_N"],
+                           launch["num_stages"])
 
 
 def _fail(msg: str):
@@ -852,7 +863,9 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     if num_splits is not None and (not isinstance(num_splits, int) or not 1 <= num_splits <= 65535):
         _fail(f"num_splits must be an int in [1, 65535] (the grid's z limit), got {num_splits!r}")
     v_by_dim = v_cache.stride(1) == 1
-    plan = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None)
+    ptx = kv_quant is not None and _use_ptx(q.device)
+    gluon = _takes_gluon(q.device, kv_quant, ptx, v_by_dim, d, hq // hkv, block_size)
+    plan = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None, gluon)
     rows = plan.rows(batch) * hq
     need = plan.numel(batch, hq, d)
     if workspace is None:
@@ -884,15 +897,13 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         *k_cache.stride()[:3], *v_cache.stride(), *ks_strides, *vs_strides,
         block_table.stride(0), out.stride(0), out.stride(1),
     )  # fmt: skip
-    ptx = kv_quant is not None and _use_ptx(q.device)
-    gluon = _takes_gluon(plan.launch, kv_quant, ptx, v_by_dim, d, hq // hkv, block_size, consts, options)
     if gluon:
         from .gluon_stage1 import launch_gluon_stage1
 
         consts["PAGE_LOOP"] = False  # stage 2 recounts the tiles as the Gluon stage 1 walks them
         launch_gluon_stage1(grid, args, group=hq // hkv, head_dim=d, block_n=consts["BLOCK_N"],
                             num_stages=options["num_stages"], num_warps=options["num_warps"],
-                            kv_quant=_KV_QUANT[kv_quant], fp8_software=bool(software_fp8),
+                            fp8_software=bool(software_fp8),
                             even_splits=consts["EVEN_SPLITS"], balance=consts["BALANCE"], batch_chunk=_BATCH_CHUNK,
                             v_by_dim=v_by_dim)
     else:

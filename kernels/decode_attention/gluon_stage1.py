@@ -1,4 +1,4 @@
-"""Stage 1 of the split-KV decode for 8-bit caches, written in Gluon (launch key ``gluon``, CUDA).
+"""Stage 1 of the split-KV decode for fp8 caches, written in Gluon (launch key ``gluon``, CUDA).
 
 Same grid, arguments, split plan, scale arithmetic and workspace as decode_attention._decode_split_kernel (stage 2
 is shared), but the tile loop is laid out by hand where Triton's choices cost the 8-bit path its speed (issue #17):
@@ -9,12 +9,13 @@ is shared), but the tile loop is laid out by hand where Triton's choices cost th
   so no load's address waits on a load.
 - K's codes go from shared memory straight into the mma_v2 B operand of QK^T with 8 consecutive reduction elements
   per thread (one 8-byte ld.shared; q takes the same k order, so the sum is unchanged), are converted there in
-  registers (PTX e4m3 in hardware or with integer ops, or int8) and feed fp16 mma_v2 with float32 accumulation.
+  registers (PTX e4m3 in hardware or with integer ops) and feed fp16 mma_v2 with float32 accumulation.
 - P x V runs as two products of head_dim / 2 columns. V by token (fp8 caches): the tile's rows are read as int16
   pairs of a token's (even, odd) dims by ldmatrix.trans straight into the standard fp16 B operand (2 consecutive
   tokens per thread), and one byte permute splits each word into the even dims' and the odd dims' codes, converted
-  for the two products (output columns 2n and 2n + 1). V by dim (int8 caches): 8 consecutive tokens per thread,
-  as K, the two halves of head_dim. Only P goes through shared memory (its change of layout); no converted tile is.
+  for the two products (output columns 2n and 2n + 1). V by dim (a layout no fp8 cache holds; the bench's
+  --v-layouts dim): 8 consecutive tokens per thread, as K, the two halves of head_dim. Only P goes through shared
+  memory (its change of layout); no converted tile does.
 - The softmax's row sum is kept per thread ([16, BLOCK_N] in the mma layout) and reduced once after the loop; only
   the row max is reduced across warps per tile; only the sequence's partial last tile masks keys (and V by dim).
 Swizzles (K 32-byte vectors over 8 phases; V by token 16-byte over 8, by dim 32 / 16-byte over 4) are conflict-free
@@ -26,12 +27,13 @@ H200 (bench/results/2026-12-04-h200-session21-gluon.md), BLOCK_N 128 x 8 warps x
 / 0.64 (1.03-1.10x hardware), 0.85x / 0.88x the table's Triton kernel (geomean over 4-32K); never slower than bf16
 (1 x 4K: 0.85x, where the Triton kernel's fp8 took 1.01x). fp8 by dim: 0.64-0.66 / 0.53-0.57 / 0.56-0.58 /
 0.61-0.65. Its tile loop is 818 SASS instructions per thread by token and 763 by dim (fp8 hardware; a contiguous
-probe without pages: 665), at ~1.35 issued per cycle per SM: the time follows the count. For int8 the Triton
-kernel's int8 x int8 products stay faster (0.53-0.64 at batch 4-64 against 0.60-0.76 here; int8 products here too
-measured 0.60-0.72, so this kernel converts int8 codes to fp16 like fp8's).
+probe without pages: 665), at ~1.35 issued per cycle per SM: the time follows the count. int8 caches keep the
+Triton kernel: its int8 x int8 products were faster (0.53-0.64 at batch 4-64) than this kernel with int8 codes
+converted to fp16 (0.60-0.76) or with int8 products of its own (0.60-0.72); both are gone from here (the first is
+in 049ac1f, the second in bench/results/raw/2026-12-04-session21/call7).
 
 Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes by
-token or by dim or int8 codes by dim, head_dim a power of two in [64, 256], a GQA group of at most 16, pages of at
+token or by dim, head_dim a power of two in [64, 256], a GQA group of at most 16, pages of at
 least BLOCK_N tokens and a multiple of 16 (a 16-token V run never straddles a page). Elsewhere the launcher runs the
 Triton kernel. Hardware e4m3 gives the exact value (no x 2^-8), so S's factor takes 1 for the code unit and the
 output 2^32 for 2^40 (acc is 2^8 x the Triton kernel's; m, l and P' are the same numbers). K rows, V rows by token
@@ -46,7 +48,7 @@ try:  # Triton 3.6 ships Gluon; a build without it (the DCU's, possibly) keeps t
 except ImportError:  # pragma: no cover - depends on the Triton build
     GLUON = False
 
-from .decode_attention import (_BLOCK_H, _KV8_OUT_FACTOR, _L_SHIFT, _PTX_E4M3_SW, _PTX_INT8, _balanced_split_of,
+from .decode_attention import (_BLOCK_H, _KV8_OUT_FACTOR, _L_SHIFT, _PTX_E4M3_SW, _balanced_split_of,
                                _num_tiles, _pow2_fp16_scale, _split_range, _split_tiles, _v_scale_log2)
 
 HEAD_DIMS = (64, 128, 256)
@@ -56,7 +58,7 @@ def gluon_supported(kv_quant: int, ptx: bool, v_by_dim: bool, head_dim: int, gro
                     block_n: int, num_stages: int) -> bool:
     """Whether the Gluon stage 1 takes this call (the module docstring says why each condition; a ring needs two
     stages)."""
-    return (GLUON and ptx and kv_quant != 0 and (v_by_dim or kv_quant == 1) and head_dim in HEAD_DIMS
+    return (GLUON and ptx and kv_quant == 1 and head_dim in HEAD_DIMS
             and group <= _BLOCK_H and block_size >= block_n and block_size % 16 == 0 and block_n in (64, 128)
             and num_stages >= 2)
 
@@ -67,8 +69,8 @@ if GLUON:
         mov.b32 {l, h}, $2;
         cvt.rn.f16x2.e4m3x2 $0, l;
         cvt.rn.f16x2.e4m3x2 $1, h;
-    }""")  # the exact e4m3 value (the Triton kernel's _PTX_E4M3_HW also multiplies by 2^-8); software e4m3 and int8
-    # take the Triton kernel's own PTX (value / 256, value / 128)
+    }""")  # the exact e4m3 value (the Triton kernel's _PTX_E4M3_HW also multiplies by 2^-8); software e4m3 takes the
+    # Triton kernel's own PTX (value / 256)
     _KV8_HW_OUT_FACTOR = gl.constexpr(4294967296.0)  # 2^32: acc holds exact e4m3 values, 2^8 x the 2^-8 units
     # V by token: a thread's 32-bit word holds two tokens' (even dim, odd dim) byte pairs, b0 b1 | b2 b3; the tokens'
     # even dims (b0, b2) and odd dims (b1, b3) become two f16x2 (one per output column of the pair)
@@ -91,11 +93,9 @@ if GLUON:
     }""")  # value / 256: _PTX_E4M3_SW with the bytes taken (b0, b2) and (b1, b3)
 
     @gluon.jit
-    def _cvt(codes, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr):
-        """8-bit codes -> fp16."""
-        if KV_QUANT == 2:
-            return gl.inline_asm_elementwise(_PTX_INT8, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
-        elif FP8_SOFTWARE:
+    def _cvt(codes, FP8_SOFTWARE: gl.constexpr):
+        """e4m3 codes -> fp16."""
+        if FP8_SOFTWARE:
             return gl.inline_asm_elementwise(_PTX_E4M3_SW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True,
                                              pack=4)
         else:
@@ -166,7 +166,7 @@ if GLUON:
                    l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring,
                    k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb,
                    stride_kst, stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n,
-                   v_rows, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr,
+                   v_rows, FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr,
                    NUM_STAGES: gl.constexpr, LAST: gl.constexpr, mma: gl.constexpr, b_op: gl.constexpr,
                    a_op: gl.constexpr, V_TOKEN: gl.constexpr, HEAD_DIM: gl.constexpr):
         """Tile ``tile_start + i`` of the online softmax (ring slot i % NUM_STAGES), after issuing the copies of tile
@@ -193,11 +193,11 @@ if GLUON:
         kt = k_ring.index(slot).permute([1, 0]).load(b_op)  # K^T codes [HEAD_DIM, BLOCK_N]
         k_scale = ks_ring.index(slot).load(gl.SliceLayout(0, mma))
         v_scale = vs_ring.index(slot).load(gl.SliceLayout(0, mma))
-        s = mma_v2(q, _cvt(kt, KV_QUANT, FP8_SOFTWARE), gl.zeros([16, BLOCK_N], gl.float32, layout=mma))
+        s = mma_v2(q, _cvt(kt, FP8_SOFTWARE), gl.zeros([16, BLOCK_N], gl.float32, layout=mma))
         s = s * (k_scale * s_mult)[None, :]
         if LAST:
             s = gl.where((tile * BLOCK_N + offs_n < seq_len)[None, :], s, float("-inf"))
-        t = s + _v_scale_log2(v_scale, KV_QUANT)[None, :]
+        t = s + _v_scale_log2(v_scale, 1)[None, :]
         m_new = gl.maximum(m_i, gl.max(t, axis=1))
         alpha = gl.exp2(m_i - m_new)
         l_t = l_t * alpha[:, None] + gl.exp2(s - (m_new - _L_SHIFT)[:, None])
@@ -210,8 +210,8 @@ if GLUON:
             pa = gl.convert_layout(p.to(gl.float16), a_op2)
         else:
             v_tile = v_ring.index(slot)  # [HEAD_DIM, BLOCK_N]
-            va = _cvt(v_tile.slice(0, HALF, dim=0).permute([1, 0]).load(b_op), KV_QUANT, FP8_SOFTWARE)
-            vb = _cvt(v_tile.slice(HALF, HALF, dim=0).permute([1, 0]).load(b_op), KV_QUANT, FP8_SOFTWARE)
+            va = _cvt(v_tile.slice(0, HALF, dim=0).permute([1, 0]).load(b_op), FP8_SOFTWARE)
+            vb = _cvt(v_tile.slice(HALF, HALF, dim=0).permute([1, 0]).load(b_op), FP8_SOFTWARE)
             if LAST:
                 in_seq = (tile * BLOCK_N + v_rows < seq_len)[:, None]
                 va = gl.where(in_seq, va, 0.0)
@@ -234,7 +234,7 @@ if GLUON:
         stride_btb,
         stride_ob, stride_oh,
         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-        NUM_WARPS: gl.constexpr, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr,
+        NUM_WARPS: gl.constexpr, FP8_SOFTWARE: gl.constexpr,
         EVEN_SPLITS: gl.constexpr = False, BALANCE: gl.constexpr = False, BATCH_CHUNK: gl.constexpr = 256,
         V_TOKEN: gl.constexpr = False,
     ):  # fmt: skip
@@ -371,9 +371,7 @@ if GLUON:
                       mask=(qh < GROUP)[:, None] & (qd[None, :] >= 0), other=0.0).to(gl.float32)
         q_s, q_inv_s = _pow2_fp16_scale(q32)
         q = gl.convert_layout((q32 * q_s).to(gl.float16), a_op)
-        if KV_QUANT == 2:
-            s_mult = scale_log2 * 128.0 * q_inv_s
-        elif FP8_SOFTWARE:
+        if FP8_SOFTWARE:
             s_mult = scale_log2 * 256.0 * q_inv_s
         else:
             s_mult = scale_log2 * q_inv_s  # exact e4m3 values
@@ -392,22 +390,22 @@ if GLUON:
                 i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc_a, acc_b, m_i, l_t,
                 iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head,
                 ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb,
-                stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE, BLOCK_N,
+                stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, FP8_SOFTWARE, BLOCK_N,
                 NUM_STAGES, False, mma, b_op, a_op, V_TOKEN, HEAD_DIM)
         if partial > 0:
             acc_a, acc_b, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
                 n_steady - 1, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc_a, acc_b,
                 m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head,
                 v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst,
-                stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, KV_QUANT, FP8_SOFTWARE,
+                stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, FP8_SOFTWARE,
                 BLOCK_N, NUM_STAGES, True, mma, b_op, a_op, V_TOKEN, HEAD_DIM)
         async_copy.wait_group(0)
 
         l_i = gl.sum(l_t, axis=1)
-        if (KV_QUANT == 1) and (not FP8_SOFTWARE):
-            out_factor = _KV8_HW_OUT_FACTOR / l_i
-        else:
+        if FP8_SOFTWARE:
             out_factor = _KV8_OUT_FACTOR / l_i
+        else:
+            out_factor = _KV8_HW_OUT_FACTOR / l_i
         o_a = acc_a * out_factor[:, None]
         o_b = acc_b * out_factor[:, None]
         lse = m_i + gl.log2(l_i) - _L_SHIFT
@@ -421,11 +419,11 @@ if GLUON:
             gl.store(ws_lse_ptr + row, lse, mask=h_mask)
 
 
-def launch_gluon_stage1(grid, args, *, group, head_dim, block_n, num_stages, num_warps, kv_quant, fp8_software,
+def launch_gluon_stage1(grid, args, *, group, head_dim, block_n, num_stages, num_warps, fp8_software,
                         even_splits, balance, batch_chunk, v_by_dim):
     """Launch the Gluon stage 1 with the Triton stage 1's positional arguments ``args``."""
     _decode_split_kernel_gluon[grid](
         *args, GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages, NUM_WARPS=num_warps,
-        KV_QUANT=kv_quant, FP8_SOFTWARE=fp8_software, EVEN_SPLITS=even_splits, BALANCE=balance,
+        FP8_SOFTWARE=fp8_software, EVEN_SPLITS=even_splits, BALANCE=balance,
         BATCH_CHUNK=batch_chunk, V_TOKEN=not v_by_dim, num_warps=num_warps)
 

@@ -48,13 +48,14 @@ Keys of an entry:
               programs per compute unit than the bf16 one's; H200, kv8 BLOCK_N 32 x 3 stages, 3 programs
               per SM: 1.06-1.10x the sm90 entry's time, so no entry sets it yet); min_split_tokens likewise
               (a sequence's shortest split, so the kernel's own split count at short contexts);
-              gluon (0/1, kv8 only, CUDA): stage 1 as the Gluon kernel of gluon_stage1.py (q held in registers,
-              the codes through a cp.async ring straight into the matrix operands) where it covers the call (fp8
-              codes by token or by dim, int8 by dim, head_dim 64 / 128 / 256, pages of at least BLOCK_N tokens,
-              BLOCK_N 64 or 128, num_stages >= 2: gluon_stage1.gluon_supported); elsewhere the Triton kernel. Its
-              tiles never follow page_loop; early_convert and int8_qk do not apply to it. H200, fp8 by token at
-              16-32K with BLOCK_N 128 x 8 warps x 2 stages and programs_per_cu 1: 0.48-0.64x bf16, 0.85x the entry's
-              time; not in the entry yet (the engine's checks with it are to come);
+              gluon (kv8 only, CUDA): an object {BLOCK_N, num_warps, num_stages[, programs_per_cu,
+              min_split_tokens]}, the launch of the Gluon stage 1 (gluon_stage1.py: q held in registers, the codes
+              through a cp.async ring straight into the matrix operands) for the fp8 calls it covers (head_dim 64 /
+              128 / 256, pages of at least its BLOCK_N tokens: gluon_stage1.gluon_supported), with its own split plan
+              (the workspace is sized for both plans); every other call, int8 included, takes the Triton kernel
+              with the rest of the entry. null drops it. H200, fp8 by token at 16-32K, {"BLOCK_N": 128,
+              "num_warps": 8, "num_stages": 2, "programs_per_cu": 1}: 0.48-0.64x bf16, 0.85x the entry's time; not
+              in the entry yet (the engine's checks with it are to come);
               int8 (kv8 only): launch options merged over kv8 for int8 caches only (fp8 caches take kv8 as it is),
               from BLOCK_N, num_warps, num_stages, waves_per_eu, matrix_instr_nonkdim, early_convert, page_loop
               (nothing of the host's split plan: the workspace is sized for kv8 whatever the kind);
@@ -74,23 +75,26 @@ ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
 _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
-                "page_loop", "split_round", "int8_qk", "q_early", "even_splits", "balance", "gluon")
+                "page_loop", "split_round", "int8_qk", "q_early", "even_splits", "balance")
 _ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
 _WIDTH_SPLIT_KEYS = ("programs_per_cu", "min_split_tokens")  # split keys a kv16 / kv8 entry may set for its own plan
 # launch keys that take one of a few values: (allowed, how the error names them)
 _CHOICES = {"early_convert": ((0, 1, 2), "0, 1 or 2"), "int8_qk": ((0, 1), "0 or 1"), "page_loop": ((0, 1), "0 or 1"),
             "q_early": ((0, 1), "0 or 1"), "even_splits": ((0, 1), "0 or 1"), "balance": ((0, 1), "0 or 1"),
-            "gluon": ((0, 1), "0 or 1"),
             "split_round": (("up", "down"), '"up" or "down"')}
-_KV8_ONLY = ("early_convert", "int8_qk", "q_early", "gluon")
+_KV8_ONLY = ("early_convert", "int8_qk", "q_early")
 # what the launcher (decode_attention.split_kernel_launch, _plan) takes for a launch key an entry leaves out
 LAUNCH_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_round": "up", "q_early": 1,
-                   "even_splits": 0, "balance": 0, "gluon": 0}
+                   "even_splits": 0, "balance": 0}
 # kv8 only: launch options for int8 caches, merged over the kv8 entry (which fp8 caches take as it is); only what
 # leaves the host's split plan alone (the workspace is sized for kv8 without knowing the cache's kind), and not
 # int8_qk (int8-only already)
 _INT8 = "int8"
 _INT8_KEYS = tuple(k for k in _LAUNCH_KEYS if k not in ("split_round", "int8_qk", "balance"))
+# kv8 only: the Gluon stage 1's launch for the fp8 calls it takes (its presence turns it on); its own split plan keys
+_GLUON = "gluon"
+_GLUON_KEYS = ("BLOCK_N", "num_warps", "num_stages", "programs_per_cu", "min_split_tokens")
+_GLUON_BLOCK_N = (64, 128)
 
 # DCU (gfx928 / gfx936), wave64, 64 KiB LDS, no fp8 hardware. Chosen on paper:
 # - BLOCK_N 32 at head_dim 256: a 16 KiB bf16 K/V tile per stage plus the 8 KiB Q tile in LDS.
@@ -195,7 +199,7 @@ def _parse_override(text: str) -> dict:
     override = parse_override_object(ENV_VAR, text, set(_SPLIT_KEYS) | set(_LAUNCH_KEYS) | {"kv16", "kv8"})
     for sub in ("kv16", "kv8"):
         if sub in override:
-            keys = list(_LAUNCH_KEYS) + list(_WIDTH_SPLIT_KEYS) + ([_INT8] if sub == "kv8" else [])
+            keys = list(_LAUNCH_KEYS) + list(_WIDTH_SPLIT_KEYS) + ([_INT8, _GLUON] if sub == "kv8" else [])
             if not isinstance(override[sub], dict) or set(override[sub]) - set(keys):
                 raise ValueError(f"{ENV_VAR}: '{sub}' must be an object with keys from {keys}")
     return override
@@ -207,12 +211,25 @@ def _check_ints(entry: dict, where: str):
             raise ValueError(f"{where}: {key} must be a positive integer, got {entry[key]!r}")
     for sub in ("kv16", "kv8"):
         items = list(entry[sub].items())
+        gluon = entry[sub].get(_GLUON)
+        if gluon is not None:
+            if sub != "kv8" or not isinstance(gluon, dict) or not {"BLOCK_N", "num_warps", "num_stages"} <= set(gluon) \
+                    <= set(_GLUON_KEYS):
+                raise ValueError(f"{where}: '{sub}.{_GLUON}' must be an object with BLOCK_N, num_warps, num_stages and "
+                                 f"optionally {list(_WIDTH_SPLIT_KEYS)} (kv8 only)")
+            for key, val in gluon.items():
+                if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                    raise ValueError(f"{where}: {sub}.{_GLUON}.{key} must be a positive integer, got {val!r}")
+            if gluon["BLOCK_N"] not in _GLUON_BLOCK_N or gluon["num_stages"] < 2:
+                raise ValueError(f"{where}: {sub}.{_GLUON} needs BLOCK_N in {list(_GLUON_BLOCK_N)} and num_stages >= 2 "
+                                 f"(a ring), got {gluon['BLOCK_N']} / {gluon['num_stages']}")
+            items = [kv for kv in items if kv[0] != _GLUON]
         int8_opts = entry[sub].get(_INT8)
         if int8_opts is not None:
             if sub != "kv8" or not isinstance(int8_opts, dict) or set(int8_opts) - set(_INT8_KEYS):
                 raise ValueError(f"{where}: '{sub}.{_INT8}' must be an object with keys from {list(_INT8_KEYS)} "
                                  "(kv8 only)")
-            items = [kv for kv in items if kv[0] != _INT8] + list(int8_opts.items())
+            items = [kv for kv in items if kv[0] not in (_INT8, _GLUON)] + list(int8_opts.items())
         for key, val in items:
             if key in _KV8_ONLY and sub != "kv8":
                 raise ValueError(f"{where}: {key} applies to kv8 only")
@@ -257,8 +274,8 @@ def _build_params(target: str, text: str) -> dict:
                 entry[key].update(val)
         for sub in ("kv16", "kv8"):  # null drops an option (e.g. one a Triton build does not know)
             for key in [k for k, v in entry[sub].items() if v is None]:
-                if key not in _ROCM_ONLY + (_INT8,):
-                    raise ValueError(f"{where}: only {list(_ROCM_ONLY) + [_INT8]} can be dropped with null, "
+                if key not in _ROCM_ONLY + (_INT8, _GLUON):
+                    raise ValueError(f"{where}: only {list(_ROCM_ONLY) + [_INT8, _GLUON]} can be dropped with null, "
                                      f"not {key}")
                 del entry[sub][key]
         entry["measured"] = False

@@ -1,9 +1,10 @@
-"""The Gluon stage 1 of the 8-bit decode (launch key gluon, kernels/decode_attention/gluon_stage1.py) on a GPU.
+"""The Gluon stage 1 of the fp8 decode (launch key gluon, kernels/decode_attention/gluon_stage1.py) on a GPU.
 
 Each test turns the key on through VLLM_DCU_DECODE_PARAMS, checks that the Gluon kernel really ran (a spy on its
 launcher) and compares with the float32 / float64 references as the Triton kernel's tests do: ragged lengths around
 the tile size, hybrid page sizes (tiles straddling pages), forced and balanced splits, garbage past the end of the
-last page, the value range, and the Triton kernel's own output.
+last page, the value range, and the Triton kernel's own output; V by token (as fp8 caches hold it) and by dim, with
+hardware and software e4m3. int8 caches and short pages stay on the Triton kernel.
 """
 import importlib
 import json
@@ -18,17 +19,16 @@ from tests.gpu.test_decode_attention_gpu import check, check_rel, make_case, run
 pytestmark = pytest.mark.gpu
 gluon_module = importlib.import_module("kernels.decode_attention.gluon_stage1")
 
-CONFIGS = {  # kv8 launch entries that take the Gluon stage 1
-    "b128w8s2": {"gluon": 1, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
-    "b64w4s3": {"gluon": 1, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+CONFIGS = {  # the kv8 entry's gluon launch
+    "b128w8s2": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "programs_per_cu": 1},
+    "b64w4s3": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
 }
 
 
 @pytest.fixture(params=list(CONFIGS))
 def gluon_on(request, monkeypatch):
-    """Turns the key on (int8 caches too) and counts the Gluon launches."""
-    cfg = CONFIGS[request.param]
-    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {**cfg, "int8": dict(cfg)}}))
+    """Turns the key on and counts the Gluon launches."""
+    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"gluon": CONFIGS[request.param]}}))
     calls = []
     real = gluon_module.launch_gluon_stage1
 
@@ -40,16 +40,15 @@ def gluon_on(request, monkeypatch):
     return calls
 
 
-# (kind, software e4m3, V layout): int8 caches hold V by dim; fp8 ones by token (as served) or by dim
-KINDS = [("int8", False, "dim"), ("fp8", False, "token"), ("fp8", True, "token"), ("fp8", False, "dim"),
-         ("fp8", True, "dim")]
-KIND_IDS = ["int8", "fp8-hw-token", "fp8-sw-token", "fp8-hw-dim", "fp8-sw-dim"]
+# (kind, software e4m3, V layout): fp8 caches hold V by token; by dim is the bench's other layout
+KINDS = [("fp8", False, "token"), ("fp8", True, "token"), ("fp8", False, "dim"), ("fp8", True, "dim")]
+KIND_IDS = ["fp8-hw-token", "fp8-sw-token", "fp8-hw-dim", "fp8-sw-dim"]
 
 
 def kind_case(lens, block_size, kv_quant, v_layout, **kw):
     case = make_case(lens, block_size, kv_quant=kv_quant, **kw)
     if v_layout == "dim":
-        case["v_cache"] = v_by_dim(case["v_cache"])  # int8 caches already are
+        case["v_cache"] = v_by_dim(case["v_cache"])
     return case
 
 
@@ -74,7 +73,7 @@ def test_gluon_stage1_agrees_with_the_triton_kernel(gluon_on, monkeypatch, kv_qu
     case = kind_case([9000, 1, 33, 20000], 784, kv_quant, v_layout, seed=3)
     got = run(case, software_fp8=software)
     assert gluon_on
-    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"gluon": 0}}))
+    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"gluon": None}}))
     n = len(gluon_on)
     want = run(case, software_fp8=software)
     assert len(gluon_on) == n  # the Triton kernel this time
@@ -110,18 +109,19 @@ def test_gluon_stage1_across_the_value_range(gluon_on, kv_quant, software, v_lay
     assert gluon_on
 
 
-@pytest.mark.parametrize("kv_quant,v_layout", [("fp8", "token"), ("fp8", "dim"), ("int8", "dim")])
-def test_gluon_stage1_takes_queries_beyond_fp16_range(gluon_on, kv_quant, v_layout):
-    case = kind_case([3000, 90], 1552, kv_quant, v_layout, seed=6)
+@pytest.mark.parametrize("v_layout", ["token", "dim"])
+def test_gluon_stage1_takes_queries_beyond_fp16_range(gluon_on, v_layout):
+    case = kind_case([3000, 90], 1552, "fp8", v_layout, seed=6)
     case["q"] = (case["q"].float() * 3e4).to(torch.bfloat16)
     case["scale"] = 256**-0.5 / 3e4
     check(run(case), case)
     assert gluon_on
 
 
-@pytest.mark.parametrize("v_layout", ["token", "dim"])
-def test_short_pages_keep_the_triton_kernel(gluon_on, v_layout):
-    # where the Gluon stage 1 does not apply (pages shorter than BLOCK_N), the Triton kernel runs
-    case = kind_case([3000, 90], 16, "fp8", v_layout, seed=7)
+@pytest.mark.parametrize("kv_quant,block_size", [("fp8", 16), ("int8", 1552)])
+def test_short_pages_and_int8_keep_the_triton_kernel(gluon_on, kv_quant, block_size):
+    # where the Gluon stage 1 does not apply (pages shorter than BLOCK_N; int8, whose Triton products are faster),
+    # the Triton kernel runs
+    case = make_case([3000, 90], block_size, kv_quant=kv_quant, seed=7)
     check(run(case), case)
     assert not gluon_on
