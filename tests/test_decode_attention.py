@@ -605,6 +605,11 @@ def test_env_override_replaces_values_for_both_kv_widths(params):
     assert launch_params.get_params("sm90", override="")["programs_per_cu"] == table_ppc
 
 
+def test_gluon_launch_fails_on_rocm_targets():
+    with pytest.raises(ValueError, match="kv8.gluon .the Gluon stage 1. is CUDA-only, not valid on gfx936"):
+        launch_params.get_params("gfx936", override=json.dumps({"kv8": {"gluon": GLUON_LAUNCH}}))
+
+
 @pytest.mark.parametrize("text,match", [
     ("{BLOCK_N: 32}", "is not valid JSON"),
     ("[1, 2]", "must be a JSON object"),

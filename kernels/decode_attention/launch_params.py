@@ -285,6 +285,8 @@ def _build_params(target: str, text: str) -> dict:
         bad = [k for k in _ROCM_ONLY if k in entry[sub] or k in entry[sub].get(_INT8, {})] if not rocm else []
         if bad:
             raise ValueError(f"{where}: {bad} are ROCm-only options, not valid on {target}")
+    if rocm and _GLUON in entry["kv8"]:
+        raise ValueError(f"{where}: kv8.{_GLUON} (the Gluon stage 1) is CUDA-only, not valid on {target}")
     return entry
 
 
