@@ -22,12 +22,13 @@ Swizzles (K 32-byte vectors over 8 phases; V by token 16-byte over 8, by dim 32 
 for the loads of both operands and the cp.async stores (gl.bank_conflicts, sm90, head_dim 256, BLOCK_N 128 / 64).
 
 H200 (bench/results/2026-12-04-h200-session21-gluon.md), BLOCK_N 128 x 8 warps x 2 stages, one program per SM
-(programs_per_cu 1), against bf16 in the same run at 16-32K: fp8 by token (the served layout), hardware e4m3,
-0.59-0.64 / 0.48-0.52 / 0.52-0.56 / 0.59-0.60x at batch 1 / 4 / 16 / 64, software 0.62-0.65 / 0.53-0.56 / 0.57-0.60
-/ 0.64 (1.03-1.10x hardware), 0.85x / 0.88x the table's Triton kernel (geomean over 4-32K); never slower than bf16
-(1 x 4K: 0.85x, where the Triton kernel's fp8 took 1.01x). fp8 by dim: 0.64-0.66 / 0.53-0.57 / 0.56-0.58 /
-0.61-0.65. Its tile loop is 818 SASS instructions per thread by token and 763 by dim (fp8 hardware; a contiguous
-probe without pages: 665), at ~1.35 issued per cycle per SM: the time follows the count. int8 caches keep the
+(programs_per_cu 1), against bf16 in the same run at 16-32K, two runs: fp8 by token (the served layout), hardware
+e4m3, 0.59-0.64 / 0.48-0.52 / 0.52-0.60 / 0.59-0.62x at batch 1 / 4 / 16 / 64, software 0.62-0.65 / 0.52-0.56 /
+0.57-0.61 / 0.64-0.67 (1.00-1.12x hardware per cell), 0.85x / 0.88x the table's Triton kernel (geomean over
+4-32K); never slower than bf16 (1 x 4K: 0.83-0.85x, where the Triton kernel's fp8 took 0.96-1.01x). fp8 by dim:
+0.64-0.66 / 0.53-0.57 / 0.56-0.58 / 0.61-0.65. Its tile loop is 818 SASS instructions per thread by token and 763
+by dim (fp8 hardware; a contiguous probe without pages: 665), at ~1.35 issued per cycle per SM: the time follows
+the count. int8 caches keep the
 Triton kernel: its int8 x int8 products were faster (0.53-0.64 at batch 4-64) than this kernel with int8 codes
 converted to fp16 (0.60-0.76) or with int8 products of its own (0.60-0.72); both are gone from here (the first is
 in 049ac1f, the second in bench/results/raw/2026-12-04-session21/call7).
