@@ -864,7 +864,9 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         _fail(f"num_splits must be an int in [1, 65535] (the grid's z limit), got {num_splits!r}")
     v_by_dim = v_cache.stride(1) == 1
     ptx = kv_quant is not None and _use_ptx(q.device)
-    gluon = _takes_gluon(q.device, kv_quant, ptx, v_by_dim, d, hq // hkv, block_size)
+    # the Gluon stage 1 reads V by dim (tokens contiguous) or by token with head_dim contiguous (its byte pairs)
+    gluon = (v_by_dim or v_cache.stride(3) == 1) and _takes_gluon(q.device, kv_quant, ptx, v_by_dim, d, hq // hkv,
+                                                                  block_size)
     plan = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None, gluon)
     rows = plan.rows(batch) * hq
     need = plan.numel(batch, hq, d)

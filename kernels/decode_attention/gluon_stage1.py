@@ -172,11 +172,11 @@ if GLUON:
                    a_op: gl.constexpr, V_TOKEN: gl.constexpr, HEAD_DIM: gl.constexpr):
         """Tile ``tile_start + i`` of the online softmax (ring slot i % NUM_STAGES), after issuing the copies of tile
         ``iss_tile`` (NUM_STAGES - 1 ahead) when the split has it. LAST: the sequence's partial last tile, whose keys
-        past the end get -inf scores and whose V slots past the end (any codes; hardware decode makes 0x7f NaN) are
-        zeroed; every other tile lies wholly in the sequence. P x V runs as two products of head_dim / 2 columns each
-        (acc_a, acc_b): by dim the two halves of head_dim, by token its even and odd dims (a token's two codes of a
-        pair go to the two products; their B operand is the standard fp16 one, k_width 2, loaded by ldmatrix.trans,
-        and P takes that k order too)."""
+        past the end get -inf scores and, by dim, whose V slots past the end (any codes; hardware decode makes 0x7f
+        NaN) are zeroed; every other tile lies wholly in the sequence. P x V runs as two products of head_dim / 2
+        columns each (acc_a, acc_b): by dim the two halves of head_dim, by token its even and odd dims (a token's two
+        codes of a pair go to the two products; their B operand is the standard fp16 one, k_width 2, loaded by
+        ldmatrix.trans, and P takes that k order too)."""
         tile = tile_start + i
         slot = i % NUM_STAGES
         async_copy.wait_group(NUM_STAGES - 2)
