@@ -383,7 +383,7 @@ if GLUON:
         l_t = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=mma)
         acc_a = gl.zeros([BLOCK_H, HALF], gl.float32, layout=mma)
         acc_b = gl.zeros([BLOCK_H, HALF], gl.float32, layout=mma)
-        # the sequence's last tile, if partial, runs after the loop (LAST): only it masks keys and V past the end
+        # the sequence's partial last tile runs after the loop (LAST): only it masks keys (and V by dim) past the end
         n_steady = tile_end - tile_start
         partial = (tile_end * BLOCK_N > seq_len).to(gl.int32)
         for i in range(n_steady - partial):
