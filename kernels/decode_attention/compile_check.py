@@ -30,6 +30,12 @@ _VARIANTS_CUDA = [("bf16", 0, False, False), ("int8 ptx", 2, False, True), ("fp8
                   ("fp8-hw ptx", 1, False, True), ("int8 portable", 2, False, False),
                   ("fp8-sw portable", 1, True, False), ("fp8-hw portable", 1, False, False)]
 _VARIANTS_ROCM = [("bf16", 0, False, False), ("int8", 2, False, False), ("fp8-sw", 1, True, False)]
+# integer arguments the JIT does not see as multiples of 16 at Qwen3.5-27B's shapes (compile_tools.jit_signature):
+# the scales' token stride (4 heads), the block table's row stride (the longest request's page count) and the split
+# plan's counts; the 8-bit scale views' head stride is 1 and the rest are multiples of 16. Without these, the kv8
+# launch compiled to 255 registers and 400+ B of spills here; with them, to 146-167 and none.
+_NO_DIV16 = {"stride_kst", "stride_vst", "stride_btb", "max_splits", "min_split_tokens", "num_q_heads", "batch",
+             "balance_programs"}
 
 
 def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launch: dict, group=6,
@@ -42,21 +48,21 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     # V as the kind's cache stores it (int8 by dim: the int8 x int8 P x V path)
     v_by_dim = {1: "fp8", 2: "int8"}.get(kv_quant) in V_BY_DIM
     launch_consts, options = split_kernel_launch(launch, block_size, kv_quant, v_by_dim)  # as the launcher does
-    # as the JIT specializes them at Qwen3.5-27B's shapes (compile_tools.jit_signature): the 8-bit scale views' head
-    # stride is 1; the other integers are multiples of 16 except the scales' token stride (4 heads), the block
-    # table's row stride (the longest request's page count) and the split plan's counts. Without these, the kv8
-    # launch compiled to 255 registers and 400+ B of spills here; with them, to 146-167 and none.
-    no_div = {"stride_kst", "stride_vst", "stride_btb", "max_splits", "min_split_tokens", "num_q_heads", "batch",
-              "balance_programs"}
     sig, attrs, unit_strides = jit_signature(
         _decode_split_kernel,
         lambda base: "*bf16" if kv_quant == 0 and base in ("k", "v") else _PTR[base],
         ones=(("stride_vt",) if v_by_dim else ("stride_vd",)) + (("stride_ksh", "stride_vsh") if kv_quant else ()),
-        div16=lambda name: name not in no_div, scalars={"scale_log2": "fp32"})
+        div16=lambda name: name not in _NO_DIV16, scalars={"scale_log2": "fp32"})
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_H=_BLOCK_H,
                   KV_QUANT=kv_quant, FP8_SOFTWARE=software, PTX=ptx, **launch_consts, **unit_strides)
     kernel = triton.compile(ASTSource(_decode_split_kernel, sig, constexprs=consts, attrs=attrs),
                             target=gpu_target(target), options=options)
+    return _report(kernel, target, tile_loop)
+
+
+def _report(kernel, target: str, tile_loop: bool) -> dict:
+    """Shared memory / LDS, registers, spills and barriers of a compiled stage 1 (CUDA: and with tile_loop, its tile
+    loop in SASS)."""
     report = dict(shared=kernel.metadata.shared)
     if "ptx" in kernel.asm:
         report.update(ptxas_usage(kernel.asm["ptx"], gpu_target(target).arch),
@@ -75,34 +81,28 @@ _VARIANTS_GLUON = [("fp8-sw gluon", True, False), ("fp8-hw gluon", False, False)
 
 
 def compile_gluon_variant(target: str, software: bool, v_by_dim: bool, launch: dict, group=6,
-                          head_dim=256, tile_loop=False) -> dict:
+                          head_dim=256, block_size=1552, tile_loop=False) -> dict:
     """The Gluon stage 1 (launch key gluon; gluon_stage1.py) compiled for a CUDA target as the launcher calls it for
     fp8: V's unit stride (head_dim by token, tokens by dim) and the scale views' head stride 1, the ``gluon`` launch's
     BLOCK_N / num_warps / num_stages."""
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from .decode_attention import split_kernel_launch
     from .gluon_stage1 import _decode_split_kernel_gluon
 
-    defaults = launch_params.LAUNCH_DEFAULTS
-    no_div = {"stride_kst", "stride_vst", "stride_btb", "max_splits", "min_split_tokens", "num_q_heads", "batch",
-              "balance_programs"}
+    launch_consts, options = split_kernel_launch(launch, block_size, 1, v_by_dim)  # as the launcher does
     sig, attrs, unit_strides = jit_signature(_decode_split_kernel_gluon, lambda base: _PTR[base],
                                              ones=("stride_vt" if v_by_dim else "stride_vd", "stride_ksh",
                                                    "stride_vsh"),
-                                             div16=lambda name: name not in no_div, scalars={"scale_log2": "fp32"})
-    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_N=launch["BLOCK_N"], NUM_STAGES=launch["num_stages"],
-                  NUM_WARPS=launch["num_warps"], FP8_SOFTWARE=software,
-                  EVEN_SPLITS=bool(launch.get("even_splits", defaults["even_splits"])),
-                  BALANCE=bool(launch.get("balance", defaults["balance"])), BATCH_CHUNK=256, V_TOKEN=not v_by_dim,
+                                             div16=lambda name: name not in _NO_DIV16, scalars={"scale_log2": "fp32"})
+    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_N=launch_consts["BLOCK_N"], NUM_STAGES=options["num_stages"],
+                  NUM_WARPS=options["num_warps"], FP8_SOFTWARE=software, EVEN_SPLITS=launch_consts["EVEN_SPLITS"],
+                  BALANCE=launch_consts["BALANCE"], BATCH_CHUNK=launch_consts["BATCH_CHUNK"], V_TOKEN=not v_by_dim,
                   **unit_strides)
     kernel = triton.compile(GluonASTSource(_decode_split_kernel_gluon, sig, constexprs=consts, attrs=attrs),
-                            target=gpu_target(target), options=dict(num_warps=launch["num_warps"]))
-    report = dict(shared=kernel.metadata.shared, **ptxas_usage(kernel.asm["ptx"], gpu_target(target).arch),
-                  barriers=kernel.asm["ptx"].count("bar.sync"))
-    if tile_loop:
-        report["tile_loop"] = sass_tile_loop(nvdisasm(kernel.asm["cubin"]))
-    return report
+                            target=gpu_target(target), options=dict(num_warps=options["num_warps"]))
+    return _report(kernel, target, tile_loop)
 
 
 def main(argv=None):
