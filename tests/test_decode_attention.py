@@ -1012,6 +1012,9 @@ def test_gluon_stage1_covers_cuda_ptx_fp8_calls_with_pages_of_a_tile():
               num_stages=2)
     assert gluon_stage1.gluon_supported(**ok) == gluon_stage1.GLUON
     assert gluon_stage1.gluon_supported(**{**ok, "v_by_dim": True}) == gluon_stage1.GLUON  # fp8 by dim too
+    # by token, V's dims are read as byte pairs: head_dim must be contiguous (by dim, tokens are)
+    assert not gluon_stage1.gluon_supported(**{**ok, "v_dim_stride": 2})
+    assert gluon_stage1.gluon_supported(**{**ok, "v_by_dim": True, "v_dim_stride": 4096}) == gluon_stage1.GLUON
     for change in (dict(ptx=False), dict(kv_quant=2, v_by_dim=True), dict(kv_quant=0), dict(head_dim=96),
                    dict(group=17), dict(block_size=64), dict(block_size=1560), dict(block_n=32), dict(num_stages=1)):
         assert not gluon_stage1.gluon_supported(**{**ok, **change}), change

@@ -53,7 +53,7 @@ from ..gemv.dispatch import time_on_device
 from ..kv_quant.layout import V_BY_DIM, kv_cache_shape, split_kv_cache
 from . import launch_params
 from . import decode_attention as decode_attention_module
-from .decode_attention import _plan, decode_attention, workspace_numel
+from .decode_attention import decode_attention, launch_plan, workspace_numel
 from ..results_io import save_figure, write_text
 
 HQ, HKV, D = 24, 4, 256
@@ -309,10 +309,10 @@ def stage_times(fns, reps=20):
 
 # --- sweep --------------------------------------------------------------------------------------
 
-def splits_label(batch, device, kv8):
-    """The launcher's split plan for the table: splits per sequence, or "b" and the programs per kv head that
-    launch key balance shares out by length."""
-    plan = _plan(batch, HQ, HKV, D, device, None, kv8)
+def splits_label(c):
+    """The launcher's split plan for case ``c`` (the Gluon stage 1's where it takes the call): splits per sequence,
+    or "b" and the programs per kv head that launch key balance shares out by length."""
+    plan, _ = launch_plan(c["q"], c["k"], c["v"], c.get("kv_quant"))
     return f"b{plan.programs}" if plan.programs else plan.splits
 
 
@@ -731,7 +731,7 @@ def main(argv=None):
                      block_size=c["k"].shape[1], us=round(us, 1),
                      GBps=round(gbps), pct_copy=round(100 * gbps / copy_gbps, 1),
                      # the launcher's own split plan under this run's entry
-                     splits=with_params(run_config, lambda: splits_label(batch, c["q"].device, dtype != "bf16")))
+                     splits=with_params(run_config, lambda: splits_label(c)))
             if args.stage_times:
                 r.update(with_params(run_config, lambda: stage_times([ours_fn(cc) for cc in cases])))
             if dtype == "bf16":

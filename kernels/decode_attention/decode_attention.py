@@ -812,7 +812,7 @@ def workspace_numel(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: i
     return max(plan.numel(batch, num_q_heads, head_dim) for plan in plans)  # fp8 calls may take the Gluon plan
 
 
-def _takes_gluon(device, kv_quant, ptx, v_by_dim, head_dim, group, block_size) -> bool:
+def _takes_gluon(device, kv_quant, ptx, v_by_dim, v_dim_stride, head_dim, group, block_size) -> bool:
     """Launch key gluon (kv8): an fp8 call runs gluon_stage1's kernel, with the entry's ``gluon`` launch, where that
     kernel covers it (gluon_stage1.gluon_supported: CUDA PTX conversions, pages of at least its BLOCK_N, ...);
     every other call, int8 included (its int8 x int8 products are faster), takes the Triton kernel."""
@@ -824,7 +824,18 @@ def _takes_gluon(device, kv_quant, ptx, v_by_dim, head_dim, group, block_size) -
     from .gluon_stage1 import gluon_supported
 
     return gluon_supported(_KV_QUANT[kv_quant], ptx, v_by_dim, head_dim, group, block_size, launch["BLOCK_N"],
-                           launch["num_stages"])
+                           launch["num_stages"], v_dim_stride)
+
+
+def launch_plan(q, k_cache, v_cache, kv_quant, num_splits=None) -> tuple[_Plan, bool]:
+    """(the split plan, whether the Gluon stage 1 takes the call), as decode_attention decides them for these
+    tensors (the bench's table labels its rows with them)."""
+    batch, hq, d = q.shape
+    _, block_size, hkv, _ = k_cache.shape
+    ptx = kv_quant is not None and _use_ptx(q.device)
+    gluon = _takes_gluon(q.device, kv_quant, ptx, v_cache.stride(1) == 1, v_cache.stride(3), d, hq // hkv,
+                         block_size)
+    return _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None, gluon), gluon
 
 
 def _fail(msg: str):
@@ -864,10 +875,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         _fail(f"num_splits must be an int in [1, 65535] (the grid's z limit), got {num_splits!r}")
     v_by_dim = v_cache.stride(1) == 1
     ptx = kv_quant is not None and _use_ptx(q.device)
-    # the Gluon stage 1 reads V by dim (tokens contiguous) or by token with head_dim contiguous (its byte pairs)
-    gluon = (v_by_dim or v_cache.stride(3) == 1) and _takes_gluon(q.device, kv_quant, ptx, v_by_dim, d, hq // hkv,
-                                                                  block_size)
-    plan = _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None, gluon)
+    plan, gluon = launch_plan(q, k_cache, v_cache, kv_quant, num_splits)
     rows = plan.rows(batch) * hq
     need = plan.numel(batch, hq, d)
     if workspace is None:

@@ -56,10 +56,10 @@ HEAD_DIMS = (64, 128, 256)
 
 
 def gluon_supported(kv_quant: int, ptx: bool, v_by_dim: bool, head_dim: int, group: int, block_size: int,
-                    block_n: int, num_stages: int) -> bool:
+                    block_n: int, num_stages: int, v_dim_stride: int = 1) -> bool:
     """Whether the Gluon stage 1 takes this call (the module docstring says why each condition; a ring needs two
-    stages)."""
-    return (GLUON and ptx and kv_quant == 1 and head_dim in HEAD_DIMS
+    stages; V by token is read as byte pairs of a token's dims, so its head_dim stride, v_dim_stride, must be 1)."""
+    return (GLUON and ptx and kv_quant == 1 and head_dim in HEAD_DIMS and (v_by_dim or v_dim_stride == 1)
             and group <= _BLOCK_H and block_size >= block_n and block_size % 16 == 0 and block_n in (64, 128)
             and num_stages >= 2)
 
@@ -167,7 +167,7 @@ if GLUON:
                    l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring,
                    k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb,
                    stride_kst, stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n,
-                   v_rows, FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr,
+                   v_rows, p_smem, FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr,
                    NUM_STAGES: gl.constexpr, LAST: gl.constexpr, mma: gl.constexpr, b_op: gl.constexpr,
                    a_op: gl.constexpr, V_TOKEN: gl.constexpr, HEAD_DIM: gl.constexpr):
         """Tile ``tile_start + i`` of the online softmax (ring slot i % NUM_STAGES), after issuing the copies of tile
@@ -208,7 +208,11 @@ if GLUON:
             b_op2: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
             a_op2: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
             va, vb = _cvt_pairs(v_ring.index(slot).load(b_op2), FP8_SOFTWARE)  # even / odd dims [BLOCK_N, HALF]
-            pa = gl.convert_layout(p.to(gl.float16), a_op2)
+            # P's change of layout through its own buffer: stmatrix / ldmatrix straight into the A operand's registers
+            # (convert_layout's LDS.128 needed ~80 register moves per tile to form them)
+            p_smem.store(p.to(gl.float16))
+            gl.thread_barrier()
+            pa = p_smem.load(a_op2)
         else:
             v_tile = v_ring.index(slot)  # [HEAD_DIM, BLOCK_N]
             va = _cvt(v_tile.slice(0, HALF, dim=0).permute([1, 0]).load(b_op), FP8_SOFTWARE)
@@ -339,6 +343,7 @@ if GLUON:
             vr = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, v_blk))
             vc = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, v_blk))
         sr = gl.arange(0, BLOCK_N, layout=s_blk)
+        p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
 
         last_page = (seq_len - 1) // block_size
         bt_row = block_table_ptr + seq * stride_btb
@@ -391,14 +396,14 @@ if GLUON:
                 i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc_a, acc_b, m_i, l_t,
                 iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head,
                 ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb,
-                stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, FP8_SOFTWARE, BLOCK_N,
+                stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, p_smem, FP8_SOFTWARE, BLOCK_N,
                 NUM_STAGES, False, mma, b_op, a_op, V_TOKEN, HEAD_DIM)
         if partial > 0:
             acc_a, acc_b, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
                 n_steady - 1, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc_a, acc_b,
                 m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head,
                 v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst,
-                stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, FP8_SOFTWARE,
+                stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, p_smem, FP8_SOFTWARE,
                 BLOCK_N, NUM_STAGES, True, mma, b_op, a_op, V_TOKEN, HEAD_DIM)
         async_copy.wait_group(0)
 

@@ -53,9 +53,7 @@ Keys of an entry:
               through a cp.async ring straight into the matrix operands) for the fp8 calls it covers (head_dim 64 /
               128 / 256, pages of at least its BLOCK_N tokens: gluon_stage1.gluon_supported), with its own split plan
               (the workspace is sized for both plans); every other call, int8 included, takes the Triton kernel
-              with the rest of the entry. null drops it. H200, fp8 by token at 16-32K, {"BLOCK_N": 128,
-              "num_warps": 8, "num_stages": 2, "programs_per_cu": 1}: 0.48-0.64x bf16, 0.85x the entry's time; not
-              in the entry yet (the engine's checks with it are to come);
+              with the rest of the entry. null drops it (sm90's entry sets it: see there);
               int8 (kv8 only): launch options merged over kv8 for int8 caches only (fp8 caches take kv8 as it is),
               from BLOCK_N, num_warps, num_stages, waves_per_eu, matrix_instr_nonkdim, early_convert, page_loop
               (nothing of the host's split plan: the workspace is sized for kv8 whatever the kind);
@@ -160,9 +158,19 @@ PARAMS = {
         # 1/4/16/64 x 4-32K, one call; int8 / bf16 at batch 1 0.819 -> 0.775, batch 4 0.633 -> 0.604). Not for kv16:
         # bf16 with it took 1.03-1.07x at batch 4 (bench/results/2026-12-03-nvidia-h200-decode-attention-stages.md,
         # -even-all.md); q_early 0 in the same call: 1.004-1.019x, so 8-bit q keeps its early load
+        # gluon (2026-12-04, twenty-second session): fp8 calls take the Gluon stage 1, BLOCK_N 128 x 8 warps x 2
+        # stages, one program per SM (137-141 KB of shared memory). Against this entry's Triton launch in one call,
+        # fp8 by token (the served layout) at 16-32K: 0.62-0.66 / 0.48-0.52 / 0.50-0.51 / 0.55x bf16 at batch 1 / 4 /
+        # 16 / 64 with hardware e4m3 (0.83x the Triton fp8 time, geomean over 4-32K), software 0.64-0.68 / 0.52-0.55 /
+        # 0.54-0.56 / 0.59-0.63 (0.86x); 3 stages were no faster
+        # (bench/results/2026-12-04-h200-session22-gluon-entry.md).
+        # Served with it (fp8 KV, dcu64, 16-32K at 0.6 req/s, 16 layers): output tok/s and TPOT P99 equal to the
+        # Triton launch's (1.000 / 0.99x), no Triton or Gluon compile after the server was up, and the mixed-batch
+        # test passed. int8 caches and short pages keep the Triton launch above.
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
                 "split_round": "down", "int8_qk": 1, "even_splits": 1, "balance": 1,
-                "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}},
+                "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
+                "gluon": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "programs_per_cu": 1}},
     },
     "gfx936": dict(_DCU),
     "gfx928": dict(_DCU),

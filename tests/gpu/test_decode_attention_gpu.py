@@ -22,6 +22,21 @@ from tests.attention_checks import assert_rel_close, v_by_dim, v_by_token
 
 pytestmark = pytest.mark.gpu
 da_module = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
+# these tests are the Triton stage 1's (the DCU's kernel): sm90's kv8 entry sends fp8 calls to the Gluon stage 1,
+# so every test here drops that key; tests/gpu/test_decode_attention_gluon_gpu.py tests the Gluon one
+TRITON_STAGE1 = {"kv8": {"gluon": None}}
+
+
+def set_params(monkeypatch, params=None):
+    """VLLM_DCU_DECODE_PARAMS = params with the Gluon key dropped (kv8.gluon null)."""
+    params = dict(params or {})
+    params["kv8"] = {**params.get("kv8", {}), **TRITON_STAGE1["kv8"]}
+    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps(params))
+
+
+@pytest.fixture(autouse=True)
+def _triton_stage1(monkeypatch):
+    set_params(monkeypatch)
 
 HQ, HKV, D = 24, 4, 256
 DEV = "cuda"
@@ -138,7 +153,7 @@ def test_cuda_graph_replay_stays_correct_when_context_lengths_change():
 def test_balanced_plan_follows_the_lengths_of_each_replay(monkeypatch, kv_quant):
     # launch key balance: a graph captured at seq_lens 1 shares the programs out by the lengths it replays with: one
     # long sequence among short ones, then the long one moved, one slot padded and the rest grown
-    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"balance": 1}))
+    set_params(monkeypatch, {"balance": 1})
     case = make_case([40000, 700, 3000, 5, 1552, 9000], 784, kv_quant=kv_quant, seed=5)
     check(run(case), case)
     real_lens, real_table = case["seq_lens"].clone(), case["block_table"].clone()
@@ -175,7 +190,7 @@ def test_ptx_code_conversions_agree_with_the_portable_triton_ones(monkeypatch, k
 @pytest.mark.parametrize("kv_quant,software", [("fp8", False), ("fp8", True), ("int8", False)])
 @pytest.mark.parametrize("early_convert", [0, 1, 2])
 def test_every_placement_of_the_code_conversion_matches_reference(monkeypatch, kv_quant, software, early_convert):
-    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"early_convert": early_convert}}))
+    set_params(monkeypatch, {"kv8": {"early_convert": early_convert}})
     case = make_case([5000, 1553, 3], 1552, kv_quant=kv_quant, seed=7)
     check(run(case, software_fp8=software), case)
 
@@ -187,7 +202,7 @@ def test_v_stored_by_dim_gives_the_same_output_as_by_token(monkeypatch, kv_quant
     # fp16 products give the same bits (int8 caches hold V by dim and take their own path: the test below), on the
     # entry's plan (balance included: with the clamped rows fp8 V by dim once compiled a store past a shared-memory
     # allocation there, found by compute-sanitizer)
-    monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"early_convert": early_convert}}))
+    set_params(monkeypatch, {"kv8": {"early_convert": early_convert}})
     case = make_case([5000, 1553, 3], 1552, kv_quant=kv_quant, seed=8)
     want = run(case, software_fp8=software)
     by_dim = dict(case, v_cache=v_by_dim(case["v_cache"]))
@@ -204,7 +219,7 @@ def test_garbage_past_the_end_of_the_last_page_never_reaches_the_output(monkeypa
     # early_convert; the page loop then reads V's slots past the end themselves (contiguous tiles), where the
     # hardware e4m3 decode would turn 0x7f into NaN (the interpreter's decode gives 480, so only a GPU sees it)
     if v_dim_convert is not None:
-        monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"early_convert": v_dim_convert}}))
+        set_params(monkeypatch, {"kv8": {"early_convert": v_dim_convert}})
     lens = [1000, 1553, 17]
     case = make_case(lens, 784 if kv_quant is None else 1552, kv_quant=kv_quant, seed=5)
     bs = case["k_cache"].shape[1]
@@ -325,7 +340,7 @@ def test_int8_qk_costs_no_accuracy_against_the_fp16_path(monkeypatch, q_dtype, k
                                   case["seq_lens"], case["scale"], dtype=torch.float64, **kw)
     errs = {}
     for flag in (0, 1):
-        monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"int8_qk": flag}}))
+        set_params(monkeypatch, {"kv8": {"int8_qk": flag}})
         out = run(case)
         assert_rel_close(out, want)
         errs[flag] = _rel_errors(out, want)
