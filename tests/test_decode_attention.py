@@ -591,7 +591,7 @@ def test_launcher_rejects_bad_inputs_with_one_clear_message():
 
 # --- launch parameters ---------------------------------------------------------------------------
 
-GLUON_LAUNCH = {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}  # the kv8 entry's gluon launch the tests turn on
+GLUON_LAUNCH = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}  # the kv8 entry's gluon launch the tests turn on
 
 def test_env_override_replaces_values_for_both_kv_widths(params):
     table_before = json.dumps(launch_params.PARAMS, sort_keys=True)
@@ -642,6 +642,8 @@ def test_gluon_launch_fails_on_rocm_targets():
     ('{"kv8": {"gluon": {"BLOCK_N": 32, "num_warps": 8, "num_stages": 2}}}', "kv8.gluon needs BLOCK_N in"),
     ('{"kv8": {"gluon": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 1}}}', r"num_stages >= 2 \(a ring\)"),
     ('{"kv8": {"gluon": {"BLOCK_N": 128, "num_warps": 0, "num_stages": 2}}}', "kv8.gluon.num_warps must be a positive"),
+    ('{"kv8": {"gluon": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}}}', r"16 x num_warps <= BLOCK_N \(16 keys"),
+    ('{"kv8": {"gluon": {"BLOCK_N": 128, "num_warps": 3, "num_stages": 2}}}', "num_warps must be a power of two"),
     ('{"kv16": {"gluon": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2}}}', "'kv16' must be an object with keys"),
 ])
 def test_bad_env_override_fails_with_one_clear_error(text, match):
@@ -968,7 +970,7 @@ def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
 
 @pytest.mark.slow
 def test_gluon_stage1_compiles_for_sm90_without_spills():
-    # launch key gluon: the Gluon stage 1 for fp8 (V by token, as fp8 caches hold it, and by dim)
+    # launch key gluon: the Gluon stage 1 for fp8 (V by token, as fp8 caches hold it)
     import subprocess
     import sys
     from pathlib import Path
@@ -980,14 +982,13 @@ def test_gluon_stage1_compiles_for_sm90_without_spills():
                           cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in json.loads(proc.stdout) if "gluon" in r["variant"]]
-    assert [r["variant"] for r in rows] == ["fp8-sw gluon", "fp8-hw gluon", "fp8-sw gluon V by dim",
-                                            "fp8-hw gluon V by dim"]
+    assert [r["variant"] for r in rows] == ["fp8-sw gluon", "fp8-hw gluon"]
     for r in rows:
         assert "error" not in r, r
         assert r["spills"] == 0 and r["shared"] <= 227 * 1024, r
         ops = r["tile_loop"]["ops"]
         assert "HMMA" in ops and "LDGSTS" in ops, r  # fp16 products, the cp.async ring
-        assert ("LDSM" in ops) == ("V by dim" not in r["variant"]), r  # V by token: ldmatrix.trans of byte pairs
+        assert "LDSM" in ops, r  # V's byte pairs and P^T by ldmatrix.trans
         # F2FP: P's fp32 -> fp16 packs in every kind, and in fp8-hw each tile's 64 KB of e4m3 codes (2 per 8 codes)
         assert (ops.get("F2FP", 0) >= 128) == r["variant"].startswith("fp8-hw"), r
 
@@ -1011,12 +1012,10 @@ def test_gluon_stage1_covers_cuda_ptx_fp8_calls_with_pages_of_a_tile():
     ok = dict(kv_quant=1, ptx=True, v_by_dim=False, head_dim=256, group=6, block_size=1552, block_n=128,
               num_stages=2)
     assert gluon_stage1.gluon_supported(**ok) == gluon_stage1.GLUON
-    assert gluon_stage1.gluon_supported(**{**ok, "v_by_dim": True}) == gluon_stage1.GLUON  # fp8 by dim too
-    # by token, V's dims are read as byte pairs: head_dim must be contiguous (by dim, tokens are)
-    assert not gluon_stage1.gluon_supported(**{**ok, "v_dim_stride": 2})
-    assert gluon_stage1.gluon_supported(**{**ok, "v_by_dim": True, "v_dim_stride": 4096}) == gluon_stage1.GLUON
+    # V is read by token as byte pairs of a token's dims: head_dim contiguous; by dim keeps the Triton kernel
     for change in (dict(ptx=False), dict(kv_quant=2, v_by_dim=True), dict(kv_quant=0), dict(head_dim=96),
-                   dict(group=17), dict(block_size=64), dict(block_size=1560), dict(block_n=32), dict(num_stages=1)):
+                   dict(head_dim=128), dict(group=17), dict(block_size=64), dict(block_size=1560), dict(block_n=32),
+                   dict(num_stages=1), dict(v_by_dim=True), dict(v_dim_stride=2)):
         assert not gluon_stage1.gluon_supported(**{**ok, **change}), change
 
 

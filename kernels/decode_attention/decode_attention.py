@@ -914,8 +914,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         launch_gluon_stage1(grid, args, group=hq // hkv, head_dim=d, block_n=consts["BLOCK_N"],
                             num_stages=options["num_stages"], num_warps=options["num_warps"],
                             fp8_software=bool(software_fp8),
-                            even_splits=consts["EVEN_SPLITS"], balance=consts["BALANCE"], batch_chunk=_BATCH_CHUNK,
-                            v_by_dim=v_by_dim)
+                            even_splits=consts["EVEN_SPLITS"], balance=consts["BALANCE"], batch_chunk=_BATCH_CHUNK)
     else:
         _decode_split_kernel[grid](
             *args, GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=_BLOCK_H, KV_QUANT=_KV_QUANT[kv_quant],

@@ -2,44 +2,45 @@
 
 Same grid, arguments, split plan, scale arithmetic and workspace as decode_attention._decode_split_kernel (stage 2
 is shared), but the tile loop is laid out by hand where Triton's choices cost the 8-bit path its speed (issue #17):
-- q (fp16, scaled by a power of two as the Triton kernel does) stays in registers as the mma A operand for the
-  whole loop; Triton re-reads it from shared memory for every tile.
+- The products run transposed: S^T = K q^T with the keys as the mma's rows (16 per warp and m-tile) and the query
+  heads as its columns (BLOCK_H = 8, or 16 for groups over 8), then O^T = V^T P^T. A decode query has one row per
+  head, so a GQA group of 6 fills 6 of 8 columns instead of 6 of 16 rows: half the matrix instructions of the
+  untransposed form and half the softmax arithmetic per thread.
+- q^T (fp16, scaled by a power of two as the Triton kernel does) stays in registers as the B operand for the whole
+  loop; Triton re-reads q from shared memory for every tile.
 - Each tile's K codes (token rows), V codes and the tile's K / V scales stream through a ``num_stages``-deep ring in
   shared memory by cp.async, 16 bytes per lane; the next tile's pages are read from the block table a page ahead,
   so no load's address waits on a load.
-- K's codes go from shared memory straight into the mma_v2 B operand of QK^T with 8 consecutive reduction elements
-  per thread (one 8-byte ld.shared; q takes the same k order, so the sum is unchanged), are converted there in
-  registers (PTX e4m3 in hardware or with integer ops) and feed fp16 mma_v2 with float32 accumulation.
-- P x V runs as two products of head_dim / 2 columns. V by token (fp8 caches): the tile's rows are read as int16
-  pairs of a token's (even, odd) dims by ldmatrix.trans straight into the standard fp16 B operand (2 consecutive
-  tokens per thread), and one byte permute splits each word into the even dims' and the odd dims' codes, converted
-  for the two products (output columns 2n and 2n + 1). V by dim (a layout no fp8 cache holds; the bench's
-  --v-layouts dim): 8 consecutive tokens per thread, as K, the two halves of head_dim. Only P goes through shared
-  memory (its change of layout); no converted tile does.
-- The softmax's row sum is kept per thread ([16, BLOCK_N] in the mma layout) and reduced once after the loop; only
-  the row max is reduced across warps per tile; only the sequence's partial last tile masks keys (and V by dim).
-Swizzles (K 32-byte vectors over 8 phases; V by token 16-byte over 8, by dim 32 / 16-byte over 4) are conflict-free
-for the loads of both operands and the cp.async stores (gl.bank_conflicts, sm90, head_dim 256, BLOCK_N 128 / 64).
+- K's codes go from shared memory straight into the A operand with 8 consecutive reduction elements per thread (one
+  8-byte ld.shared; q^T takes the same k order, so the sum is unchanged), are converted there in registers (PTX
+  e4m3 in hardware or with integer ops) and feed fp16 mma_v2 with float32 accumulation.
+- V (by token, as fp8 caches hold it): the tile's rows are read as int16 pairs of a token's (even, odd) dims by
+  ldmatrix.trans straight into the standard fp16 A operand of V^T (2 consecutive tokens per thread), and one byte
+  permute splits each word into the even dims' and the odd dims' codes, converted for two products of head_dim / 2
+  rows (output dims 2n and 2n + 1). P^T reaches every warp through its own small buffer (stmatrix, then ldmatrix
+  into the B operand); no converted tile goes through shared memory.
+- The softmax's sum is kept per thread ([BLOCK_N, BLOCK_H] in the mma layout) and reduced once after the loop; only
+  the max is reduced across warps per tile; only the sequence's partial last tile masks keys.
+Swizzles (K 32-byte vectors over 8 phases, V 16-byte over 8) keep the cp.async stores and the operand loads free of
+bank conflicts (gl.bank_conflicts, sm90, head_dim 256).
 
-H200 (bench/results/2026-12-04-h200-session21-gluon.md), BLOCK_N 128 x 8 warps x 2 stages, one program per SM
-(programs_per_cu 1), against bf16 in the same run at 16-32K, two runs: fp8 by token (the served layout), hardware
-e4m3, 0.59-0.64 / 0.48-0.52 / 0.52-0.60 / 0.59-0.62x at batch 1 / 4 / 16 / 64, software 0.62-0.65 / 0.52-0.56 /
-0.57-0.61 / 0.64-0.67 (1.00-1.12x hardware per cell), 0.85x / 0.88x the table's Triton kernel (geomean over
-4-32K); never slower than bf16 (1 x 4K: 0.83-0.85x, where the Triton kernel's fp8 took 0.96-1.01x). fp8 by dim:
-0.64-0.66 / 0.53-0.57 / 0.56-0.58 / 0.61-0.65. Its tile loop is 818 SASS instructions per thread by token and 763
-by dim (fp8 hardware; a contiguous probe without pages: 665), at ~1.35 issued per cycle per SM: the time follows
-the count. int8 caches keep the
-Triton kernel: its int8 x int8 products were faster (0.53-0.64 at batch 4-64) than this kernel with int8 codes
-converted to fp16 (0.60-0.76) or with int8 products of its own (0.60-0.72); both are gone from here (the first is
-in 049ac1f, the second in bench/results/raw/2026-12-04-session21/call7).
+H200 (bench/results/2026-12-04-h200-session22-gluon-entry.md), sm90's entry: BLOCK_N 128 x 4 warps x 2 stages, one
+program per SM (programs_per_cu 1), against bf16 in the same run at 16-32K: hardware e4m3 0.57-0.62 / 0.47-0.50 /
+0.48-0.49 / 0.53x at batch 1 / 4 / 16 / 64, software 0.60 / 0.46-0.51 / 0.48-0.49 / 0.53 (0.97-1.04x hardware per
+cell); 0.80x the Triton kernel's fp8 time (geomean over 4-32K). From batch 16 it reads KV at 96-100% of the copy
+bandwidth; batch 1 is its fixed cost (~10 us with stage 2, as bf16's). The tile loop is 577 SASS instructions per
+thread at 8 warps (the untransposed form: 741, and 818 with P's layout change by convert_layout). int8 caches keep
+the Triton kernel: its int8 x int8 products were faster (0.53-0.64 at batch 4-64) than the untransposed form of this
+kernel with int8 codes converted to fp16 (0.60-0.76) or with int8 products of its own (0.60-0.72); both are gone
+from here (the first is in 049ac1f, the second in bench/results/raw/2026-12-04-session21/call7), and the untransposed
+form's V by dim path with them (6cb0937).
 
-Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes by
-token or by dim, head_dim a power of two in [64, 256], a GQA group of at most 16, pages of at
-least BLOCK_N tokens and a multiple of 16 (a 16-token V run never straddles a page). Elsewhere the launcher runs the
-Triton kernel. Hardware e4m3 gives the exact value (no x 2^-8), so S's factor takes 1 for the code unit and the
-output 2^32 for 2^40 (acc is 2^8 x the Triton kernel's; m, l and P' are the same numbers). K rows, V rows by token
-and scales past a sequence's end are not read (zero-filled); slots past the end that a V run by dim reads hold any
-codes (P' = 0 there): the last tile zeroes their converted values, as hardware decode makes code 0x7f NaN.
+Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes with
+V by token (head_dim contiguous), head_dim 256 (the one shape the GPU tests cover; 16 x num_warps <= BLOCK_N, checked
+with the launch key), a GQA group of at most 16, pages of at least BLOCK_N tokens and a multiple of 16 (a 16-token
+run never straddles a page). Elsewhere the launcher runs the Triton kernel. Hardware e4m3 gives the exact value (no x
+2^-8), so S's factor takes 1 for the code unit and the output 2^32 for 2^40 (acc is 2^8 x the Triton kernel's; m, l
+and P' are the same numbers). K rows, V rows and scales past a sequence's end are not read (zero-filled).
 """
 try:  # Triton 3.6 ships Gluon; a build without it (the DCU's, possibly) keeps the Triton kernel
     from triton.experimental import gluon
@@ -52,14 +53,14 @@ except ImportError:  # pragma: no cover - depends on the Triton build
 from .decode_attention import (_BLOCK_H, _KV8_OUT_FACTOR, _L_SHIFT, _PTX_E4M3_SW, _balanced_split_of,
                                _num_tiles, _pow2_fp16_scale, _split_range, _split_tiles, _v_scale_log2)
 
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (256,)
 
 
 def gluon_supported(kv_quant: int, ptx: bool, v_by_dim: bool, head_dim: int, group: int, block_size: int,
                     block_n: int, num_stages: int, v_dim_stride: int = 1) -> bool:
     """Whether the Gluon stage 1 takes this call (the module docstring says why each condition; a ring needs two
-    stages; V by token is read as byte pairs of a token's dims, so its head_dim stride, v_dim_stride, must be 1)."""
-    return (GLUON and ptx and kv_quant == 1 and head_dim in HEAD_DIMS and (v_by_dim or v_dim_stride == 1)
+    stages; V is read by token as byte pairs of a token's dims, so its head_dim stride, v_dim_stride, must be 1)."""
+    return (GLUON and ptx and kv_quant == 1 and head_dim in HEAD_DIMS and not v_by_dim and v_dim_stride == 1
             and group <= _BLOCK_H and block_size >= block_n and block_size % 16 == 0 and block_n in (64, 128)
             and num_stages >= 2)
 
@@ -127,14 +128,13 @@ if GLUON:
 
     @gluon.jit
     def _issue(k_ring, v_ring, ks_ring, vs_ring, slot, tile, off, phys0, phys1, seq_len, block_size,
-               k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst,
-               stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, BLOCK_N: gl.constexpr, V_TOKEN: gl.constexpr):
+               k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_ksb, stride_kst,
+               stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N: gl.constexpr):
         """cp.async of tile ``tile`` (first slot ``off`` of page phys0) into ring slot ``slot``; the caller commits.
         Two base addresses per tensor (the tile's part of its page and of the next one, phys1); a row takes the
-        second past the page's end. K rows, V rows by token and scales past the sequence's last token are not read
-        (zero-filled; their scores are -inf in the last tile). By dim, V's 16-token runs keep the tile's slots (past
-        the sequence's last page: the last page's first slots, valid memory). V_TOKEN: V's rows as int16 pairs (vr:
-        the tile's rows, vc: the row's pairs)."""
+        second past the page's end. Rows and scales past the sequence's last token are not read (zero-filled; their
+        scores are -inf in the last tile). V's rows are read as int16 pairs (vr: the tile's rows, vc: the row's
+        pairs)."""
         split_at = block_size - off  # rows from here on lie in the next page
         n_valid = seq_len - tile * BLOCK_N  # rows before this lie in the sequence
         k_base0 = k_head + phys0 * stride_kb + off * stride_kt
@@ -142,17 +142,11 @@ if GLUON:
         k_row = gl.where(kr >= split_at, k_base1, k_base0) + kr * stride_kt
         async_copy.async_copy_global_to_shared(k_ring.index(slot), k_row[:, None] + kc[None, :],
                                                mask=(kr < n_valid)[:, None] & (kc[None, :] >= 0))
-        if V_TOKEN:
-            v_base0 = v_head + phys0 * stride_vb + off * stride_vt
-            v_base1 = v_head + phys1 * stride_vb + (off - block_size) * stride_vt
-            v_row = (gl.where(vr >= split_at, v_base1, v_base0) + vr * stride_vt).to(gl.pointer_type(gl.int16))
-            async_copy.async_copy_global_to_shared(v_ring.index(slot), v_row[:, None] + vc[None, :],
-                                                   mask=(vr < n_valid)[:, None] & (vc[None, :] >= 0))
-        else:
-            v_base0 = v_head + phys0 * stride_vb + off
-            v_base1 = v_head + phys1 * stride_vb + (off - block_size)
-            v_col = gl.where(vc >= split_at, v_base1, v_base0) + vc
-            async_copy.async_copy_global_to_shared(v_ring.index(slot), v_col[None, :] + vr[:, None] * stride_vd)
+        v_base0 = v_head + phys0 * stride_vb + off * stride_vt
+        v_base1 = v_head + phys1 * stride_vb + (off - block_size) * stride_vt
+        v_row = (gl.where(vr >= split_at, v_base1, v_base0) + vr * stride_vt).to(gl.pointer_type(gl.int16))
+        async_copy.async_copy_global_to_shared(v_ring.index(slot), v_row[:, None] + vc[None, :],
+                                               mask=(vr < n_valid)[:, None] & (vc[None, :] >= 0))
         s_second = sr >= split_at
         s_slot = gl.where(s_second, sr - block_size, sr) + off
         async_copy.async_copy_global_to_shared(
@@ -163,20 +157,18 @@ if GLUON:
             mask=sr < n_valid)
 
     @gluon.jit
-    def _tile_step(i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc_a, acc_b, m_i,
+    def _tile_step(i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, qt, s_mult, acc_a, acc_b, m_i,
                    l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring,
-                   k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb,
-                   stride_kst, stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n,
-                   v_rows, p_smem, FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, LAST: gl.constexpr, mma: gl.constexpr, b_op: gl.constexpr,
-                   a_op: gl.constexpr, V_TOKEN: gl.constexpr, HEAD_DIM: gl.constexpr):
+                   k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_ksb,
+                   stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem,
+                   FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, LAST: gl.constexpr, mma: gl.constexpr):
         """Tile ``tile_start + i`` of the online softmax (ring slot i % NUM_STAGES), after issuing the copies of tile
-        ``iss_tile`` (NUM_STAGES - 1 ahead) when the split has it. LAST: the sequence's partial last tile, whose keys
-        past the end get -inf scores and, by dim, whose V slots past the end (any codes; hardware decode makes 0x7f
-        NaN) are zeroed; every other tile lies wholly in the sequence. P x V runs as two products of head_dim / 2
-        columns each (acc_a, acc_b): by dim the two halves of head_dim, by token its even and odd dims (a token's two
-        codes of a pair go to the two products; their B operand is the standard fp16 one, k_width 2, loaded by
-        ldmatrix.trans, and P takes that k order too)."""
+        ``iss_tile`` (NUM_STAGES - 1 ahead) when the split has it. The products run transposed: S^T = K q^T (keys
+        as the mma's rows, 16 per warp; the heads, BLOCK_H, its columns), then O^T = V^T P^T as two products of
+        head_dim / 2 rows, a token's even dims and its odd dims (V's rows read as int16 byte pairs by ldmatrix.trans
+        straight into the A operand; one byte permute splits each word). LAST: the sequence's partial last tile,
+        whose keys past the end get -inf scores; every other tile lies wholly in the sequence."""
         tile = tile_start + i
         slot = i % NUM_STAGES
         async_copy.wait_group(NUM_STAGES - 2)
@@ -184,46 +176,34 @@ if GLUON:
         if iss_tile < tile_end:  # a uniform branch: the ring's lead stops at the split's end
             _issue(k_ring, v_ring, ks_ring, vs_ring, (i + NUM_STAGES - 1) % NUM_STAGES, iss_tile, iss_off, iss_phys0,
                    iss_phys1, seq_len, block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb,
-                   stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, BLOCK_N,
-                   V_TOKEN)
+                   stride_vt, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N)
         async_copy.commit_group()  # empty past the split's end: one group per tile for wait_group's count
         iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
                                                                      iss_phys1, bt_row, last_page, block_size,
                                                                      BLOCK_N)
 
-        kt = k_ring.index(slot).permute([1, 0]).load(b_op)  # K^T codes [HEAD_DIM, BLOCK_N]
-        k_scale = ks_ring.index(slot).load(gl.SliceLayout(0, mma))
-        v_scale = vs_ring.index(slot).load(gl.SliceLayout(0, mma))
-        s = mma_v2(q, _cvt(kt, FP8_SOFTWARE), gl.zeros([16, BLOCK_N], gl.float32, layout=mma))
-        s = s * (k_scale * s_mult)[None, :]
+        a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
+        a_v: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        b_p: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+        rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+        k = k_ring.index(slot).load(a_k)  # K codes [BLOCK_N, HEAD_DIM], 8 consecutive dims per thread
+        k_scale = ks_ring.index(slot).load(rows_l)
+        v_scale = vs_ring.index(slot).load(rows_l)
+        s = mma_v2(_cvt(k, FP8_SOFTWARE), qt, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=mma))  # S^T
+        s = s * (k_scale * s_mult)[:, None]
         if LAST:
-            s = gl.where((tile * BLOCK_N + offs_n < seq_len)[None, :], s, float("-inf"))
-        t = s + _v_scale_log2(v_scale, 1)[None, :]
-        m_new = gl.maximum(m_i, gl.max(t, axis=1))
+            s = gl.where((tile * BLOCK_N + offs_n < seq_len)[:, None], s, float("-inf"))
+        t = s + _v_scale_log2(v_scale, 1)[:, None]
+        m_new = gl.maximum(m_i, gl.max(t, axis=0))
         alpha = gl.exp2(m_i - m_new)
-        l_t = l_t * alpha[:, None] + gl.exp2(s - (m_new - _L_SHIFT)[:, None])
-        p = gl.exp2(t - m_new[:, None])
-        HALF: gl.constexpr = HEAD_DIM // 2
-        if V_TOKEN:
-            b_op2: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-            a_op2: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-            va, vb = _cvt_pairs(v_ring.index(slot).load(b_op2), FP8_SOFTWARE)  # even / odd dims [BLOCK_N, HALF]
-            # P's change of layout through its own buffer: stmatrix / ldmatrix straight into the A operand's registers
-            # (convert_layout's LDS.128 needed ~80 register moves per tile to form them)
-            p_smem.store(p.to(gl.float16))
-            gl.thread_barrier()
-            pa = p_smem.load(a_op2)
-        else:
-            v_tile = v_ring.index(slot)  # [HEAD_DIM, BLOCK_N]
-            va = _cvt(v_tile.slice(0, HALF, dim=0).permute([1, 0]).load(b_op), FP8_SOFTWARE)
-            vb = _cvt(v_tile.slice(HALF, HALF, dim=0).permute([1, 0]).load(b_op), FP8_SOFTWARE)
-            if LAST:
-                in_seq = (tile * BLOCK_N + v_rows < seq_len)[:, None]
-                va = gl.where(in_seq, va, 0.0)
-                vb = gl.where(in_seq, vb, 0.0)
-            pa = gl.convert_layout(p.to(gl.float16), a_op)
-        acc_a = mma_v2(pa, va, acc_a * alpha[:, None])
-        acc_b = mma_v2(pa, vb, acc_b * alpha[:, None])
+        l_t = l_t * alpha[None, :] + gl.exp2(s - (m_new - _L_SHIFT)[None, :])
+        # P^T [BLOCK_N, BLOCK_H] to every warp: through its own buffer, straight into the B operand
+        p_smem.store(gl.exp2(t - m_new[None, :]).to(gl.float16))
+        gl.thread_barrier()
+        pt = p_smem.load(b_p)
+        va, vb = _cvt_pairs(v_ring.index(slot).permute([1, 0]).load(a_v), FP8_SOFTWARE)  # [HEAD_DIM / 2, BLOCK_N]
+        acc_a = mma_v2(va, pt, acc_a * alpha[None, :])
+        acc_b = mma_v2(vb, pt, acc_b * alpha[None, :])
         return acc_a, acc_b, m_new, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1
 
     @gluon.jit(do_not_specialize=["max_splits", "min_split_tokens", "batch", "balance_programs"])
@@ -238,12 +218,10 @@ if GLUON:
         stride_vsb, stride_vst, stride_vsh,
         stride_btb,
         stride_ob, stride_oh,
-        GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-        NUM_WARPS: gl.constexpr, FP8_SOFTWARE: gl.constexpr,
+        GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
+        NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, FP8_SOFTWARE: gl.constexpr,
         EVEN_SPLITS: gl.constexpr = False, BALANCE: gl.constexpr = False, BATCH_CHUNK: gl.constexpr = 256,
-        V_TOKEN: gl.constexpr = False,
     ):  # fmt: skip
-        BLOCK_H: gl.constexpr = 16
         kv_head = gl.program_id(1)
         seq = gl.program_id(0)
         split = gl.program_id(2)
@@ -264,26 +242,22 @@ if GLUON:
                 gl.store(ws_plan_ptr + 2 * seq, ws_first)
                 gl.store(ws_plan_ptr + 2 * seq + 1, n_splits_balanced)
 
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NUM_WARPS],
+        # keys (S^T's rows) and V's dims (O^T's rows) over the warps, 16 per warp and mma tile; heads the columns
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NUM_WARPS, 1],
                                                       instr_shape=[16, 8])
-        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
-        b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
+        b_q: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
         rows_l: gl.constexpr = gl.SliceLayout(1, mma)
         cols_l: gl.constexpr = gl.SliceLayout(0, mma)
-        offs_h = gl.arange(0, BLOCK_H, layout=rows_l)
+        offs_h = gl.arange(0, BLOCK_H, layout=cols_l)
         HALF: gl.constexpr = HEAD_DIM // 2
-        # output columns of the two P x V products: by dim the two halves of head_dim, by token the even / odd dims
-        offs_half = gl.arange(0, HALF, layout=cols_l)
-        if V_TOKEN:
-            d_a = 2 * offs_half
-            d_b = 2 * offs_half + 1
-        else:
-            d_a = offs_half
-            d_b = offs_half + HALF
+        # O^T's rows: a token's even dims (acc_a) and odd dims (acc_b)
+        offs_half = gl.arange(0, HALF, layout=rows_l)
+        d_a = 2 * offs_half
+        d_b = 2 * offs_half + 1
         h_mask = offs_h < GROUP
         q_heads = kv_head * GROUP + offs_h
-        out_rows = seq * stride_ob + q_heads[:, None] * stride_oh
-        hd_mask = h_mask[:, None] & (offs_half[None, :] >= 0)
+        out_cols = seq * stride_ob + q_heads[None, :] * stride_oh
+        hd_mask = h_mask[None, :] & (offs_half[:, None] >= 0)
 
         if balanced:
             if seq < 0:
@@ -299,9 +273,9 @@ if GLUON:
             tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens, EVEN_SPLITS)
         if seq_len <= 0:
             if split == 0:
-                zero = gl.zeros([BLOCK_H, HALF], out_ptr.dtype.element_ty, mma)
-                gl.store(out_ptr + out_rows + d_a[None, :], zero, mask=hd_mask)
-                gl.store(out_ptr + out_rows + d_b[None, :], zero, mask=hd_mask)
+                zero = gl.zeros([HALF, BLOCK_H], out_ptr.dtype.element_ty, mma)
+                gl.store(out_ptr + out_cols + d_a[:, None], zero, mask=hd_mask)
+                gl.store(out_ptr + out_cols + d_b[:, None], zero, mask=hd_mask)
             return
         if split >= n_splits:
             return
@@ -312,38 +286,22 @@ if GLUON:
 
         # the ring: cp.async layouts (16 bytes per lane) and conflict-free swizzles
         D16: gl.constexpr = HEAD_DIM // 16
-        N16: gl.constexpr = BLOCK_N // 16
         k_blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // D16, D16], [NUM_WARPS, 1], [1, 0])
-        if V_TOKEN:  # int16 pairs of a token's codes: [BLOCK_N, HEAD_DIM / 2], 8 per lane
-            v_blk: gl.constexpr = gl.BlockedLayout([1, 8], [32 // D16, D16], [NUM_WARPS, 1], [1, 0])
-        else:
-            v_blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // N16, N16], [NUM_WARPS, 1], [1, 0])
+        v_blk: gl.constexpr = gl.BlockedLayout([1, 8], [32 // D16, D16], [NUM_WARPS, 1], [1, 0])  # int16 pairs
         s_blk: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
         k_sh: gl.constexpr = gl.SwizzledSharedLayout(32, 1, 8, [1, 0])
-        if V_TOKEN:
-            v_sh: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])  # for ldmatrix.trans, conflict-free
-        elif BLOCK_N == 128:
-            v_sh: gl.constexpr = gl.SwizzledSharedLayout(32, 1, 4, [1, 0])
-        else:
-            v_sh: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 4, [1, 0])
+        v_sh: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])  # for ldmatrix.trans, conflict-free
         s_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         k_ring = gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_sh)
-        if V_TOKEN:
-            v_ring = gl.allocate_shared_memory(gl.int16, [NUM_STAGES, BLOCK_N, HALF], v_sh)
-        else:
-            v_ring = gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, HEAD_DIM, BLOCK_N], v_sh)
+        v_ring = gl.allocate_shared_memory(gl.int16, [NUM_STAGES, BLOCK_N, HALF], v_sh)
         ks_ring = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_N], s_sh)
         vs_ring = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_N], s_sh)
+        p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_H], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
         kr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_blk))
         kc = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, k_blk))
-        if V_TOKEN:
-            vr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, v_blk))
-            vc = gl.arange(0, HALF, layout=gl.SliceLayout(0, v_blk))
-        else:
-            vr = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, v_blk))
-            vc = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, v_blk))
+        vr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, v_blk))
+        vc = gl.arange(0, HALF, layout=gl.SliceLayout(0, v_blk))
         sr = gl.arange(0, BLOCK_N, layout=s_blk)
-        p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
 
         last_page = (seq_len - 1) // block_size
         bt_row = block_table_ptr + seq * stride_btb
@@ -361,75 +319,72 @@ if GLUON:
         for st in gl.static_range(NUM_STAGES - 1):
             if iss_tile < tile_end:
                 _issue(k_ring, v_ring, ks_ring, vs_ring, st, iss_tile, iss_off, iss_phys0, iss_phys1, seq_len,
-                       block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd,
-                       stride_ksb, stride_kst, stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, BLOCK_N,
-                       V_TOKEN)
+                       block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt,
+                       stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N)
             async_copy.commit_group()
             iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
                                                                          iss_phys1, bt_row, last_page, block_size,
                                                                          BLOCK_N)
 
-        # q: fp16 scaled by a power of two (as _q_for_codes), held as the A operand
-        q_blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, NUM_WARPS], [1, 0])
-        qh = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_blk))
-        qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_blk))
-        q32 = gl.load(q_ptr + seq * stride_qb + (kv_head * GROUP + qh)[:, None] * stride_qh + qd[None, :],
-                      mask=(qh < GROUP)[:, None] & (qd[None, :] >= 0), other=0.0).to(gl.float32)
+        # q^T: fp16 scaled by a power of two (as _q_for_codes), held as the B operand [HEAD_DIM, BLOCK_H]
+        q_blk: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NUM_WARPS], [0, 1])
+        qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, q_blk))
+        qh = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, q_blk))
+        q32 = gl.load(q_ptr + seq * stride_qb + (kv_head * GROUP + qh)[None, :] * stride_qh + qd[:, None],
+                      mask=(qh < GROUP)[None, :] & (qd[:, None] >= 0), other=0.0).to(gl.float32)
         q_s, q_inv_s = _pow2_fp16_scale(q32)
-        q = gl.convert_layout((q32 * q_s).to(gl.float16), a_op)
+        qt = gl.convert_layout((q32 * q_s).to(gl.float16), b_q)
         if FP8_SOFTWARE:
             s_mult = scale_log2 * 256.0 * q_inv_s
         else:
             s_mult = scale_log2 * q_inv_s  # exact e4m3 values
 
-        offs_n = gl.arange(0, BLOCK_N, layout=cols_l)
-        v_rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, b_op))
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=rows_l)
-        l_t = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=mma)
-        acc_a = gl.zeros([BLOCK_H, HALF], gl.float32, layout=mma)
-        acc_b = gl.zeros([BLOCK_H, HALF], gl.float32, layout=mma)
-        # the sequence's partial last tile runs after the loop (LAST): only it masks keys (and V by dim) past the end
+        offs_n = gl.arange(0, BLOCK_N, layout=rows_l)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=cols_l)
+        l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=mma)
+        acc_a = gl.zeros([HALF, BLOCK_H], gl.float32, layout=mma)
+        acc_b = gl.zeros([HALF, BLOCK_H], gl.float32, layout=mma)
+        # the sequence's partial last tile runs after the loop (LAST): only it masks keys past the end
         n_steady = tile_end - tile_start
         partial = (tile_end * BLOCK_N > seq_len).to(gl.int32)
         for i in range(n_steady - partial):
             acc_a, acc_b, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
-                i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc_a, acc_b, m_i, l_t,
+                i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, qt, s_mult, acc_a, acc_b, m_i, l_t,
                 iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head,
-                ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst, stride_vsb,
-                stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, p_smem, FP8_SOFTWARE, BLOCK_N,
-                NUM_STAGES, False, mma, b_op, a_op, V_TOKEN, HEAD_DIM)
+                ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_ksb, stride_kst, stride_vsb,
+                stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem, FP8_SOFTWARE, BLOCK_N, BLOCK_H, NUM_STAGES, False,
+                mma)
         if partial > 0:
             acc_a, acc_b, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
-                n_steady - 1, tile_start, tile_end, seq_len, last_page, block_size, bt_row, q, s_mult, acc_a, acc_b,
+                n_steady - 1, tile_start, tile_end, seq_len, last_page, block_size, bt_row, qt, s_mult, acc_a, acc_b,
                 m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head,
-                v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vd, stride_ksb, stride_kst,
-                stride_vsb, stride_vst, stride_vt, kr, kc, vr, vc, sr, offs_n, v_rows, p_smem, FP8_SOFTWARE,
-                BLOCK_N, NUM_STAGES, True, mma, b_op, a_op, V_TOKEN, HEAD_DIM)
+                v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_ksb, stride_kst,
+                stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem, FP8_SOFTWARE, BLOCK_N, BLOCK_H,
+                NUM_STAGES, True, mma)
         async_copy.wait_group(0)
 
-        l_i = gl.sum(l_t, axis=1)
+        l_i = gl.sum(l_t, axis=0)
         if FP8_SOFTWARE:
             out_factor = _KV8_OUT_FACTOR / l_i
         else:
             out_factor = _KV8_HW_OUT_FACTOR / l_i
-        o_a = acc_a * out_factor[:, None]
-        o_b = acc_b * out_factor[:, None]
+        o_a = acc_a * out_factor[None, :]
+        o_b = acc_b * out_factor[None, :]
         lse = m_i + gl.log2(l_i) - _L_SHIFT
         if n_splits == 1:
-            gl.store(out_ptr + out_rows + d_a[None, :], o_a.to(out_ptr.dtype.element_ty), mask=hd_mask)
-            gl.store(out_ptr + out_rows + d_b[None, :], o_b.to(out_ptr.dtype.element_ty), mask=hd_mask)
+            gl.store(out_ptr + out_cols + d_a[:, None], o_a.to(out_ptr.dtype.element_ty), mask=hd_mask)
+            gl.store(out_ptr + out_cols + d_b[:, None], o_b.to(out_ptr.dtype.element_ty), mask=hd_mask)
         else:
             row = (ws_first + split) * num_q_heads + q_heads
-            gl.store(ws_o_ptr + row[:, None] * HEAD_DIM + d_a[None, :], o_a, mask=hd_mask)
-            gl.store(ws_o_ptr + row[:, None] * HEAD_DIM + d_b[None, :], o_b, mask=hd_mask)
+            gl.store(ws_o_ptr + row[None, :] * HEAD_DIM + d_a[:, None], o_a, mask=hd_mask)
+            gl.store(ws_o_ptr + row[None, :] * HEAD_DIM + d_b[:, None], o_b, mask=hd_mask)
             gl.store(ws_lse_ptr + row, lse, mask=h_mask)
 
 
 def launch_gluon_stage1(grid, args, *, group, head_dim, block_n, num_stages, num_warps, fp8_software,
-                        even_splits, balance, batch_chunk, v_by_dim):
+                        even_splits, balance, batch_chunk):
     """Launch the Gluon stage 1 with the Triton stage 1's positional arguments ``args``."""
     _decode_split_kernel_gluon[grid](
-        *args, GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_STAGES=num_stages, NUM_WARPS=num_warps,
-        FP8_SOFTWARE=fp8_software, EVEN_SPLITS=even_splits, BALANCE=balance,
-        BATCH_CHUNK=batch_chunk, V_TOKEN=not v_by_dim, num_warps=num_warps)
-
+        *args, GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_H=8 if group <= 8 else 16,
+        NUM_STAGES=num_stages, NUM_WARPS=num_warps, FP8_SOFTWARE=fp8_software, EVEN_SPLITS=even_splits,
+        BALANCE=balance, BATCH_CHUNK=batch_chunk, num_warps=num_warps)

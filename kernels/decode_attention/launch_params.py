@@ -49,9 +49,10 @@ Keys of an entry:
               per SM: 1.06-1.10x the sm90 entry's time, so no entry sets it yet); min_split_tokens likewise
               (a sequence's shortest split, so the kernel's own split count at short contexts);
               gluon (kv8 only, CUDA): an object {BLOCK_N, num_warps, num_stages[, programs_per_cu,
-              min_split_tokens]}, the launch of the Gluon stage 1 (gluon_stage1.py: q held in registers, the codes
-              through a cp.async ring straight into the matrix operands) for the fp8 calls it covers (head_dim 64 /
-              128 / 256, pages of at least its BLOCK_N tokens: gluon_stage1.gluon_supported), with its own split plan
+              min_split_tokens]} (BLOCK_N 64 / 128, 16 x num_warps <= BLOCK_N), the launch of the Gluon stage 1
+              (gluon_stage1.py: q held in registers, the codes through a cp.async ring straight into the matrix
+              operands) for the fp8 calls it covers (V by token, head_dim 256, pages of at least its BLOCK_N tokens:
+              gluon_stage1.gluon_supported), with its own split plan
               (the workspace is sized for both plans); every other call, int8 included, takes the Triton kernel
               with the rest of the entry. null drops it (sm90's entry sets it: see there);
               int8 (kv8 only): launch options merged over kv8 for int8 caches only (fp8 caches take kv8 as it is),
@@ -158,19 +159,20 @@ PARAMS = {
         # 1/4/16/64 x 4-32K, one call; int8 / bf16 at batch 1 0.819 -> 0.775, batch 4 0.633 -> 0.604). Not for kv16:
         # bf16 with it took 1.03-1.07x at batch 4 (bench/results/2026-12-03-nvidia-h200-decode-attention-stages.md,
         # -even-all.md); q_early 0 in the same call: 1.004-1.019x, so 8-bit q keeps its early load
-        # gluon (2026-12-04, twenty-second session): fp8 calls take the Gluon stage 1, BLOCK_N 128 x 8 warps x 2
-        # stages, one program per SM (137-141 KB of shared memory). Against this entry's Triton launch in one call,
-        # fp8 by token (the served layout) at 16-32K: 0.62-0.66 / 0.48-0.52 / 0.50-0.51 / 0.55x bf16 at batch 1 / 4 /
-        # 16 / 64 with hardware e4m3 (0.83x the Triton fp8 time, geomean over 4-32K), software 0.64-0.68 / 0.52-0.55 /
-        # 0.54-0.56 / 0.59-0.63 (0.86x); 3 stages were no faster
-        # (bench/results/2026-12-04-h200-session22-gluon-entry.md).
-        # Served with it (fp8 KV, dcu64, 16-32K at 0.6 req/s, 16 layers): output tok/s and TPOT P99 equal to the
-        # Triton launch's (1.000 / 0.99x), no Triton or Gluon compile after the server was up, and the mixed-batch
-        # test passed. int8 caches and short pages keep the Triton launch above.
+        # gluon (2026-12-04, twenty-second session): fp8 calls take the Gluon stage 1 (its transposed products),
+        # BLOCK_N 128 x 4 warps x 2 stages, one program per SM (137 KB of shared memory). Against this entry's Triton
+        # launch in one call (call 5), fp8 by token (the served layout) at 16-32K: hardware e4m3 0.57-0.62 / 0.47-0.50 /
+        # 0.48-0.49 / 0.53x bf16 at batch 1 / 4 / 16 / 64, software 0.60 / 0.46-0.51 / 0.48-0.49 / 0.53; 0.80x the
+        # Triton fp8 time (geomean over 4-32K); 8 warps, 3 stages (8 warps) and BLOCK_N 64 x 2 programs per SM took
+        # 1.005-1.019x its time for hardware and 1.03-1.04x for software (call 4, one run;
+        # bench/results/2026-12-04-h200-session22-gluon-entry.md).
+        # Served with the first form of the kernel (fp8 KV, dcu64, 16-32K at 0.6 req/s, 16 layers): output tok/s and
+        # TPOT P99 equal to the Triton launch's (1.000 / 0.99x), no Triton or Gluon compile after the server was up;
+        # the mixed-batch test passes with this one. int8 caches and short pages keep the Triton launch above.
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
                 "split_round": "down", "int8_qk": 1, "even_splits": 1, "balance": 1,
                 "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
-                "gluon": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "programs_per_cu": 1}},
+                "gluon": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "programs_per_cu": 1}},
     },
     "gfx936": dict(_DCU),
     "gfx928": dict(_DCU),
@@ -231,6 +233,9 @@ def _check_ints(entry: dict, where: str):
             if gluon["BLOCK_N"] not in _GLUON_BLOCK_N or gluon["num_stages"] < 2:
                 raise ValueError(f"{where}: {sub}.{_GLUON} needs BLOCK_N in {list(_GLUON_BLOCK_N)} and num_stages >= 2 "
                                  f"(a ring), got {gluon['BLOCK_N']} / {gluon['num_stages']}")
+            if gluon["num_warps"] not in (1, 2, 4, 8) or gluon["num_warps"] * 16 > gluon["BLOCK_N"]:
+                raise ValueError(f"{where}: {sub}.{_GLUON}.num_warps must be a power of two with 16 x num_warps <= "
+                                 f"BLOCK_N (16 keys per warp), got {gluon['num_warps']} for BLOCK_N {gluon['BLOCK_N']}")
             items = [kv for kv in items if kv[0] != _GLUON]
         int8_opts = entry[sub].get(_INT8)
         if int8_opts is not None:
