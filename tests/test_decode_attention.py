@@ -982,13 +982,13 @@ def test_gluon_stage1_compiles_for_sm90_without_spills():
                           cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in json.loads(proc.stdout) if "gluon" in r["variant"]]
-    assert [r["variant"] for r in rows] == ["fp8-sw gluon", "fp8-hw gluon"]
+    assert [r["variant"] for r in rows] == ["int8 gluon", "fp8-sw gluon", "fp8-hw gluon"]
     for r in rows:
         assert "error" not in r, r
         assert r["spills"] == 0 and r["shared"] <= 227 * 1024, r
         ops = r["tile_loop"]["ops"]
         assert "HMMA" in ops and "LDGSTS" in ops, r  # fp16 products, the cp.async ring
-        assert "LDSM" in ops, r  # V's byte pairs and P^T by ldmatrix.trans
+        assert "LDSM" in ops, r  # P^T (and fp8's V byte pairs) by ldmatrix.trans
         # F2FP: P's fp32 -> fp16 packs in every kind, and in fp8-hw each tile's 64 KB of e4m3 codes (2 per 8 codes)
         assert (ops.get("F2FP", 0) >= 128) == r["variant"].startswith("fp8-hw"), r
 
@@ -1012,8 +1012,10 @@ def test_gluon_stage1_covers_cuda_ptx_fp8_calls_with_pages_of_a_tile():
     ok = dict(kv_quant=1, ptx=True, v_by_dim=False, head_dim=256, group=6, block_size=1552, block_n=128,
               num_stages=2)
     assert gluon_stage1.gluon_supported(**ok) == gluon_stage1.GLUON
-    # V is read by token as byte pairs of a token's dims: head_dim contiguous; by dim keeps the Triton kernel
-    for change in (dict(ptx=False), dict(kv_quant=2, v_by_dim=True), dict(kv_quant=0), dict(head_dim=96),
+    # int8 with V by dim, as int8 caches hold it
+    assert gluon_stage1.gluon_supported(**{**ok, "kv_quant": 2, "v_by_dim": True}) == gluon_stage1.GLUON
+    # fp8's V is read by token as byte pairs of a token's dims: head_dim contiguous; by dim keeps the Triton kernel
+    for change in (dict(ptx=False), dict(kv_quant=2), dict(kv_quant=0), dict(head_dim=96),
                    dict(head_dim=128), dict(group=17), dict(block_size=64), dict(block_size=1560), dict(block_n=32),
                    dict(num_stages=1), dict(v_by_dim=True), dict(v_dim_stride=2)):
         assert not gluon_stage1.gluon_supported(**{**ok, **change}), change
@@ -1032,8 +1034,8 @@ def test_gluon_key_off_cuda_runs_the_triton_kernel(params, monkeypatch):
 
 
 def test_gluon_launch_has_its_own_split_plan_and_the_workspace_holds_both(params):
-    # the gluon object's programs_per_cu is the Gluon stage 1's own plan (fp8 calls it takes); the workspace a graph
-    # preallocates must hold that plan and the Triton kernel's (int8, and fp8 calls it does not cover)
+    # the gluon object's programs_per_cu is the Gluon stage 1's own plan (the 8-bit calls it takes); the workspace a
+    # graph preallocates must hold that plan and the Triton kernel's (the calls it does not cover: short pages, ...)
     da = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
     cpu = torch.device("cpu")
     params()

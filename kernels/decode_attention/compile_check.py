@@ -75,27 +75,30 @@ def _report(kernel, target: str, tile_loop: bool) -> dict:
     return report
 
 
-# (label, FP8_SOFTWARE): fp8 caches hold V by token, the layout the Gluon stage 1 reads
-_VARIANTS_GLUON = [("fp8-sw gluon", True), ("fp8-hw gluon", False)]
+# (label, KV_QUANT, FP8_SOFTWARE): fp8 caches hold V by token, int8 caches by dim
+_VARIANTS_GLUON = [("int8 gluon", 2, False), ("fp8-sw gluon", 1, True), ("fp8-hw gluon", 1, False)]
 
 
-def compile_gluon_variant(target: str, software: bool, launch: dict, group=6, head_dim=256, block_size=1552,
-                          tile_loop=False) -> dict:
-    """The Gluon stage 1 (launch key gluon; gluon_stage1.py) compiled for a CUDA target as the launcher calls it for
-    fp8: V by token with head_dim's unit stride and the scale views' head stride 1, the ``gluon`` launch's BLOCK_N /
-    num_warps / num_stages."""
+def compile_gluon_variant(target: str, kv_quant: int, software: bool, launch: dict, group=6, head_dim=256,
+                          block_size=1552, tile_loop=False) -> dict:
+    """The Gluon stage 1 (launch key gluon; gluon_stage1.py) compiled for a CUDA target as the launcher calls it: V
+    with its cache's unit stride (fp8: head_dim, by token; int8: tokens, by dim) and the scale views' head stride 1,
+    the ``gluon`` launch's BLOCK_N / num_warps / num_stages."""
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .decode_attention import split_kernel_launch
     from .gluon_stage1 import _decode_split_kernel_gluon
 
-    launch_consts, options = split_kernel_launch(launch, block_size, 1, False)  # as the launcher does
+    v_by_dim = kv_quant == 2
+    launch_consts, options = split_kernel_launch(launch, block_size, kv_quant, v_by_dim)  # as the launcher does
     sig, attrs, unit_strides = jit_signature(_decode_split_kernel_gluon, lambda base: _PTR[base],
-                                             ones=("stride_vd", "stride_ksh", "stride_vsh"),
+                                             ones=("stride_vt" if v_by_dim else "stride_vd", "stride_ksh",
+                                                   "stride_vsh"),
                                              div16=lambda name: name not in _NO_DIV16, scalars={"scale_log2": "fp32"})
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_N=launch_consts["BLOCK_N"], BLOCK_H=8 if group <= 8 else 16,
-                  NUM_STAGES=options["num_stages"], NUM_WARPS=options["num_warps"], FP8_SOFTWARE=software,
+                  NUM_STAGES=options["num_stages"], NUM_WARPS=options["num_warps"], KV_QUANT=kv_quant,
+                  FP8_SOFTWARE=software,
                   EVEN_SPLITS=launch_consts["EVEN_SPLITS"], BALANCE=launch_consts["BALANCE"],
                   BATCH_CHUNK=launch_consts["BATCH_CHUNK"], **unit_strides)
     kernel = triton.compile(GluonASTSource(_decode_split_kernel_gluon, sig, constexprs=consts, attrs=attrs),
@@ -130,9 +133,9 @@ def main(argv=None):
             launch = {**entry["kv8"], **(entry["kv8"].get("gluon") or {}), **json.loads(args.gluon)}
             for key in ("gluon", "int8"):
                 launch.pop(key, None)
-            for label, sw in _VARIANTS_GLUON:
+            for label, kv, sw in _VARIANTS_GLUON:
                 try:
-                    rep = compile_gluon_variant(target, sw, launch, tile_loop=args.tile_loop)
+                    rep = compile_gluon_variant(target, kv, sw, launch, tile_loop=args.tile_loop)
                 except Exception as e:  # noqa: BLE001 - report and go on
                     rep = dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
                 rows.append(dict(target=target, variant=label, launch=launch, **rep))

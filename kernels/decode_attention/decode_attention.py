@@ -813,10 +813,10 @@ def workspace_numel(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: i
 
 
 def _takes_gluon(device, kv_quant, ptx, v_by_dim, v_dim_stride, head_dim, group, block_size) -> bool:
-    """Launch key gluon (kv8): an fp8 call runs gluon_stage1's kernel, with the entry's ``gluon`` launch, where that
-    kernel covers it (gluon_stage1.gluon_supported: CUDA PTX conversions, pages of at least its BLOCK_N, ...);
-    every other call, int8 included (its int8 x int8 products are faster), takes the Triton kernel."""
-    if kv_quant != "fp8" or not ptx:
+    """Launch key gluon (kv8): an 8-bit call runs gluon_stage1's kernel, with the entry's ``gluon`` launch, where
+    that kernel covers it (gluon_stage1.gluon_supported: CUDA PTX conversions, the kind's own V layout, pages of at
+    least its BLOCK_N, ...); every other call takes the Triton kernel."""
+    if kv_quant is None or not ptx:
         return False
     launch = launch_params.get_params(launch_params.current_target(device))["kv8"].get("gluon")
     if not launch:
@@ -913,7 +913,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
         consts["PAGE_LOOP"] = False  # stage 2 recounts the tiles as the Gluon stage 1 walks them
         launch_gluon_stage1(grid, args, group=hq // hkv, head_dim=d, block_n=consts["BLOCK_N"],
                             num_stages=options["num_stages"], num_warps=options["num_warps"],
-                            fp8_software=bool(software_fp8),
+                            kv_quant=_KV_QUANT[kv_quant], fp8_software=bool(software_fp8),
                             even_splits=consts["EVEN_SPLITS"], balance=consts["BALANCE"], batch_chunk=_BATCH_CHUNK)
     else:
         _decode_split_kernel[grid](

@@ -1,4 +1,4 @@
-"""Stage 1 of the split-KV decode for fp8 caches, written in Gluon (launch key ``gluon``, CUDA).
+"""Stage 1 of the split-KV decode for 8-bit caches, written in Gluon (launch key ``gluon``, CUDA).
 
 Same grid, arguments, split plan, scale arithmetic and workspace as decode_attention._decode_split_kernel (stage 2
 is shared), but the tile loop is laid out by hand where Triton's choices cost the 8-bit path its speed (issue #17):
@@ -13,12 +13,15 @@ is shared), but the tile loop is laid out by hand where Triton's choices cost th
   so no load's address waits on a load.
 - K's codes go from shared memory straight into the A operand with 8 consecutive reduction elements per thread (one
   8-byte ld.shared; q^T takes the same k order, so the sum is unchanged), are converted there in registers (PTX
-  e4m3 in hardware or with integer ops) and feed fp16 mma_v2 with float32 accumulation.
+  e4m3 in hardware or with integer ops; int8 as the Triton kernel's PTX does, value / 128) and feed fp16 mma_v2
+  with float32 accumulation.
 - V (by token, as fp8 caches hold it): the tile's rows are read as int16 pairs of a token's (even, odd) dims by
   ldmatrix.trans straight into the standard fp16 A operand of V^T (2 consecutive tokens per thread), and one byte
   permute splits each word into the even dims' and the odd dims' codes, converted for two products of head_dim / 2
-  rows (output dims 2n and 2n + 1). P^T reaches every warp through its own small buffer (stmatrix, then ldmatrix
-  into the B operand); no converted tile goes through shared memory.
+  rows (output dims 2n and 2n + 1). V by dim (int8 caches hold it so): 8 consecutive tokens per thread, as K's
+  dims, in two products of head_dim / 2 rows (the halves of head_dim); a tile's 16-token runs keep its slots past
+  the sequence's end (finite int8 codes; their P' is 0). P^T reaches every warp through its own small buffer
+  (stmatrix, then ldmatrix into the B operand); no converted tile goes through shared memory.
 - The softmax's sum is kept per thread ([BLOCK_N, BLOCK_H] in the mma layout) and reduced once after the loop; only
   the max is reduced across warps per tile; only the sequence's partial last tile masks keys.
 Swizzles (K 32-byte vectors over 8 phases, V 16-byte over 8) keep the cp.async stores and the operand loads free of
@@ -28,19 +31,20 @@ H200 (bench/results/2026-12-04-h200-session22-gluon-entry.md), sm90's entry: BLO
 program per SM (programs_per_cu 1), against bf16 in the same run at 16-32K: hardware e4m3 0.57-0.62 / 0.47-0.50 /
 0.48-0.49 / 0.53x at batch 1 / 4 / 16 / 64, software 0.60 / 0.46-0.51 / 0.48-0.49 / 0.53 (0.97-1.04x hardware per
 cell); 0.80x the Triton kernel's fp8 time (geomean over 4-32K). From batch 16 it reads KV at 96-100% of the copy
-bandwidth; batch 1 is its fixed cost (~10 us with stage 2, as bf16's). The tile loop is 577 SASS instructions per
-thread at 8 warps (the untransposed form: 741, and 818 with P's layout change by convert_layout). int8 caches keep
-the Triton kernel: its int8 x int8 products were faster (0.53-0.64 at batch 4-64) than the untransposed form of this
-kernel with int8 codes converted to fp16 (0.60-0.76) or with int8 products of its own (0.60-0.72); both are gone
-from here (the first is in 049ac1f, the second in bench/results/raw/2026-12-04-session21/call7), and the untransposed
-form's V by dim path with them (6cb0937).
+bandwidth; batch 1 is its fixed cost (~10 us with stage 2, as bf16's). int8 (V by dim): 0.61-0.65 / 0.51-0.55 /
+0.53-0.54 / 0.59x bf16, 0.95x the Triton kernel's int8 x int8 path (1.0x at batch 64, where both read at 90% of the
+copy bandwidth: a page's 1552-token dim rows leave each tile's 128-byte runs unaligned). The tile loop is 577 SASS
+instructions per thread at 8 warps for fp8 in hardware (the untransposed form: 741, and 818 with P's layout change
+by convert_layout). The untransposed form with int8 was slower than the Triton kernel (0.60-0.76 with int8 codes
+converted, 0.60-0.72 with int8 products: 049ac1f, bench/results/raw/2026-12-04-session21/call7).
 
 Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes with
-V by token (head_dim contiguous), head_dim 256 (the one shape the GPU tests cover; 16 x num_warps <= BLOCK_N, checked
-with the launch key), a GQA group of at most 16, pages of at least BLOCK_N tokens and a multiple of 16 (a 16-token
-run never straddles a page). Elsewhere the launcher runs the Triton kernel. Hardware e4m3 gives the exact value (no x
-2^-8), so S's factor takes 1 for the code unit and the output 2^32 for 2^40 (acc is 2^8 x the Triton kernel's; m, l
-and P' are the same numbers). K rows, V rows and scales past a sequence's end are not read (zero-filled).
+V by token (head_dim contiguous) or int8 codes with V by dim (tokens contiguous), head_dim 256 (the one shape the GPU
+tests cover; 16 x num_warps <= BLOCK_N, checked with the launch key), a GQA group of at most 16, pages of at least
+BLOCK_N tokens and a multiple of 16 (a 16-token run never straddles a page). Elsewhere the launcher runs the Triton
+kernel. Hardware e4m3 gives the exact value (no x 2^-8), so S's factor takes 1 for the code unit and the output 2^32
+for 2^40 (acc is 2^8 x the Triton kernel's; m, l and P' are the same numbers). K rows, fp8's V rows and scales past
+a sequence's end are not read (zero-filled).
 """
 try:  # Triton 3.6 ships Gluon; a build without it (the DCU's, possibly) keeps the Triton kernel
     from triton.experimental import gluon
@@ -50,7 +54,7 @@ try:  # Triton 3.6 ships Gluon; a build without it (the DCU's, possibly) keeps t
 except ImportError:  # pragma: no cover - depends on the Triton build
     GLUON = False
 
-from .decode_attention import (_BLOCK_H, _KV8_OUT_FACTOR, _L_SHIFT, _PTX_E4M3_SW, _balanced_split_of,
+from .decode_attention import (_BLOCK_H, _KV8_OUT_FACTOR, _L_SHIFT, _PTX_E4M3_SW, _PTX_INT8, _balanced_split_of,
                                _num_tiles, _pow2_fp16_scale, _split_range, _split_tiles, _v_scale_log2)
 
 HEAD_DIMS = (256,)
@@ -60,7 +64,8 @@ def gluon_supported(kv_quant: int, ptx: bool, v_by_dim: bool, head_dim: int, gro
                     block_n: int, num_stages: int, v_dim_stride: int = 1) -> bool:
     """Whether the Gluon stage 1 takes this call (the module docstring says why each condition; a ring needs two
     stages; V is read by token as byte pairs of a token's dims, so its head_dim stride, v_dim_stride, must be 1)."""
-    return (GLUON and ptx and kv_quant == 1 and head_dim in HEAD_DIMS and not v_by_dim and v_dim_stride == 1
+    layout = (kv_quant == 1 and not v_by_dim and v_dim_stride == 1) or (kv_quant == 2 and v_by_dim)
+    return (GLUON and ptx and layout and head_dim in HEAD_DIMS
             and group <= _BLOCK_H and block_size >= block_n and block_size % 16 == 0 and block_n in (64, 128)
             and num_stages >= 2)
 
@@ -95,9 +100,11 @@ if GLUON:
     }""")  # value / 256: _PTX_E4M3_SW with the bytes taken (b0, b2) and (b1, b3)
 
     @gluon.jit
-    def _cvt(codes, FP8_SOFTWARE: gl.constexpr):
-        """e4m3 codes -> fp16."""
-        if FP8_SOFTWARE:
+    def _cvt(codes, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr):
+        """8-bit codes -> fp16: int8 value / 128 (KV_QUANT 2), e4m3 value (hardware) or value / 256 (software)."""
+        if KV_QUANT == 2:
+            return gl.inline_asm_elementwise(_PTX_INT8, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
+        elif FP8_SOFTWARE:
             return gl.inline_asm_elementwise(_PTX_E4M3_SW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True,
                                              pack=4)
         else:
@@ -128,13 +135,14 @@ if GLUON:
 
     @gluon.jit
     def _issue(k_ring, v_ring, ks_ring, vs_ring, slot, tile, off, phys0, phys1, seq_len, block_size,
-               k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_ksb, stride_kst,
-               stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N: gl.constexpr):
+               k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd, stride_ksb,
+               stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N: gl.constexpr, V_BY_DIM: gl.constexpr):
         """cp.async of tile ``tile`` (first slot ``off`` of page phys0) into ring slot ``slot``; the caller commits.
         Two base addresses per tensor (the tile's part of its page and of the next one, phys1); a row takes the
         second past the page's end. Rows and scales past the sequence's last token are not read (zero-filled; their
-        scores are -inf in the last tile). V's rows are read as int16 pairs (vr: the tile's rows, vc: the row's
-        pairs)."""
+        scores are -inf in the last tile). V by token: its rows as int16 pairs (vr: the tile's rows, vc: the row's
+        pairs); V by dim (int8): 16-token runs of each dim (vr: dims, vc: the tile's slots), which keep the tile's slots
+        past the sequence's end (within its last page: phys1 is clamped to it; finite int8 codes times P' = 0)."""
         split_at = block_size - off  # rows from here on lie in the next page
         n_valid = seq_len - tile * BLOCK_N  # rows before this lie in the sequence
         k_base0 = k_head + phys0 * stride_kb + off * stride_kt
@@ -142,11 +150,17 @@ if GLUON:
         k_row = gl.where(kr >= split_at, k_base1, k_base0) + kr * stride_kt
         async_copy.async_copy_global_to_shared(k_ring.index(slot), k_row[:, None] + kc[None, :],
                                                mask=(kr < n_valid)[:, None] & (kc[None, :] >= 0))
-        v_base0 = v_head + phys0 * stride_vb + off * stride_vt
-        v_base1 = v_head + phys1 * stride_vb + (off - block_size) * stride_vt
-        v_row = (gl.where(vr >= split_at, v_base1, v_base0) + vr * stride_vt).to(gl.pointer_type(gl.int16))
-        async_copy.async_copy_global_to_shared(v_ring.index(slot), v_row[:, None] + vc[None, :],
-                                               mask=(vr < n_valid)[:, None] & (vc[None, :] >= 0))
+        if V_BY_DIM:
+            v_base0 = v_head + phys0 * stride_vb + off
+            v_base1 = v_head + phys1 * stride_vb + (off - block_size)
+            v_col = gl.where(vc >= split_at, v_base1, v_base0) + vc
+            async_copy.async_copy_global_to_shared(v_ring.index(slot), v_col[None, :] + vr[:, None] * stride_vd)
+        else:
+            v_base0 = v_head + phys0 * stride_vb + off * stride_vt
+            v_base1 = v_head + phys1 * stride_vb + (off - block_size) * stride_vt
+            v_row = (gl.where(vr >= split_at, v_base1, v_base0) + vr * stride_vt).to(gl.pointer_type(gl.int16))
+            async_copy.async_copy_global_to_shared(v_ring.index(slot), v_row[:, None] + vc[None, :],
+                                                   mask=(vr < n_valid)[:, None] & (vc[None, :] >= 0))
         s_second = sr >= split_at
         s_slot = gl.where(s_second, sr - block_size, sr) + off
         async_copy.async_copy_global_to_shared(
@@ -159,16 +173,17 @@ if GLUON:
     @gluon.jit
     def _tile_step(i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, qt, s_mult, acc_a, acc_b, m_i,
                    l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring,
-                   k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_ksb,
-                   stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem,
-                   FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, LAST: gl.constexpr, mma: gl.constexpr):
+                   k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd,
+                   stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem,
+                   KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, LAST: gl.constexpr, mma: gl.constexpr, V_BY_DIM: gl.constexpr):
         """Tile ``tile_start + i`` of the online softmax (ring slot i % NUM_STAGES), after issuing the copies of tile
         ``iss_tile`` (NUM_STAGES - 1 ahead) when the split has it. The products run transposed: S^T = K q^T (keys
         as the mma's rows, 16 per warp; the heads, BLOCK_H, its columns), then O^T = V^T P^T as two products of
-        head_dim / 2 rows, a token's even dims and its odd dims (V's rows read as int16 byte pairs by ldmatrix.trans
-        straight into the A operand; one byte permute splits each word). LAST: the sequence's partial last tile,
-        whose keys past the end get -inf scores; every other tile lies wholly in the sequence."""
+        head_dim / 2 rows: by token a token's even dims and its odd dims (V's rows read as int16 byte pairs by
+        ldmatrix.trans straight into the A operand; one byte permute splits each word), by dim (int8) the two halves
+        of head_dim (8 consecutive tokens per thread, as K's dims). LAST: the sequence's partial last tile, whose
+        keys past the end get -inf scores; every other tile lies wholly in the sequence."""
         tile = tile_start + i
         slot = i % NUM_STAGES
         async_copy.wait_group(NUM_STAGES - 2)
@@ -176,7 +191,8 @@ if GLUON:
         if iss_tile < tile_end:  # a uniform branch: the ring's lead stops at the split's end
             _issue(k_ring, v_ring, ks_ring, vs_ring, (i + NUM_STAGES - 1) % NUM_STAGES, iss_tile, iss_off, iss_phys0,
                    iss_phys1, seq_len, block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb,
-                   stride_vt, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N)
+                   stride_vt, stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N,
+                   V_BY_DIM)
         async_copy.commit_group()  # empty past the split's end: one group per tile for wait_group's count
         iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
                                                                      iss_phys1, bt_row, last_page, block_size,
@@ -189,19 +205,26 @@ if GLUON:
         k = k_ring.index(slot).load(a_k)  # K codes [BLOCK_N, HEAD_DIM], 8 consecutive dims per thread
         k_scale = ks_ring.index(slot).load(rows_l)
         v_scale = vs_ring.index(slot).load(rows_l)
-        s = mma_v2(_cvt(k, FP8_SOFTWARE), qt, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=mma))  # S^T
+        s = mma_v2(_cvt(k, KV_QUANT, FP8_SOFTWARE), qt, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=mma))  # S^T
         s = s * (k_scale * s_mult)[:, None]
         if LAST:
             s = gl.where((tile * BLOCK_N + offs_n < seq_len)[:, None], s, float("-inf"))
-        t = s + _v_scale_log2(v_scale, 1)[:, None]
+        t = s + _v_scale_log2(v_scale, KV_QUANT)[:, None]
         m_new = gl.maximum(m_i, gl.max(t, axis=0))
         alpha = gl.exp2(m_i - m_new)
         l_t = l_t * alpha[None, :] + gl.exp2(s - (m_new - _L_SHIFT)[None, :])
         # P^T [BLOCK_N, BLOCK_H] to every warp: through its own buffer, straight into the B operand
         p_smem.store(gl.exp2(t - m_new[None, :]).to(gl.float16))
         gl.thread_barrier()
-        pt = p_smem.load(b_p)
-        va, vb = _cvt_pairs(v_ring.index(slot).permute([1, 0]).load(a_v), FP8_SOFTWARE)  # [HEAD_DIM / 2, BLOCK_N]
+        if V_BY_DIM:  # [HEAD_DIM, BLOCK_N] codes: the halves of head_dim, 8 consecutive tokens per thread
+            HALF: gl.constexpr = v_ring.shape[1] // 2
+            b_p8: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
+            pt = p_smem.load(b_p8)
+            va = _cvt(v_ring.index(slot).slice(0, HALF, dim=0).load(a_k), KV_QUANT, FP8_SOFTWARE)
+            vb = _cvt(v_ring.index(slot).slice(HALF, HALF, dim=0).load(a_k), KV_QUANT, FP8_SOFTWARE)
+        else:
+            pt = p_smem.load(b_p)
+            va, vb = _cvt_pairs(v_ring.index(slot).permute([1, 0]).load(a_v), FP8_SOFTWARE)  # [HEAD_DIM / 2, BLOCK_N]
         acc_a = mma_v2(va, pt, acc_a * alpha[None, :])
         acc_b = mma_v2(vb, pt, acc_b * alpha[None, :])
         return acc_a, acc_b, m_new, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1
@@ -219,9 +242,10 @@ if GLUON:
         stride_btb,
         stride_ob, stride_oh,
         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
-        NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, FP8_SOFTWARE: gl.constexpr,
+        NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr,
         EVEN_SPLITS: gl.constexpr = False, BALANCE: gl.constexpr = False, BATCH_CHUNK: gl.constexpr = 256,
     ):  # fmt: skip
+        V_BY_DIM: gl.constexpr = KV_QUANT == 2  # int8 caches hold V by dim, fp8 caches by token
         kv_head = gl.program_id(1)
         seq = gl.program_id(0)
         split = gl.program_id(2)
@@ -250,10 +274,14 @@ if GLUON:
         cols_l: gl.constexpr = gl.SliceLayout(0, mma)
         offs_h = gl.arange(0, BLOCK_H, layout=cols_l)
         HALF: gl.constexpr = HEAD_DIM // 2
-        # O^T's rows: a token's even dims (acc_a) and odd dims (acc_b)
+        # O^T's rows: by token a token's even dims (acc_a) and odd dims (acc_b), by dim the two halves of head_dim
         offs_half = gl.arange(0, HALF, layout=rows_l)
-        d_a = 2 * offs_half
-        d_b = 2 * offs_half + 1
+        if V_BY_DIM:
+            d_a = offs_half
+            d_b = offs_half + HALF
+        else:
+            d_a = 2 * offs_half
+            d_b = 2 * offs_half + 1
         h_mask = offs_h < GROUP
         q_heads = kv_head * GROUP + offs_h
         out_cols = seq * stride_ob + q_heads[None, :] * stride_oh
@@ -287,20 +315,34 @@ if GLUON:
         # the ring: cp.async layouts (16 bytes per lane) and conflict-free swizzles
         D16: gl.constexpr = HEAD_DIM // 16
         k_blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // D16, D16], [NUM_WARPS, 1], [1, 0])
-        v_blk: gl.constexpr = gl.BlockedLayout([1, 8], [32 // D16, D16], [NUM_WARPS, 1], [1, 0])  # int16 pairs
+        N16: gl.constexpr = BLOCK_N // 16
+        if V_BY_DIM:  # [HEAD_DIM, BLOCK_N] codes, 16 tokens per lane
+            v_blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // N16, N16], [NUM_WARPS, 1], [1, 0])
+        else:  # int16 pairs of a token's codes: [BLOCK_N, HEAD_DIM / 2], 8 per lane
+            v_blk: gl.constexpr = gl.BlockedLayout([1, 8], [32 // D16, D16], [NUM_WARPS, 1], [1, 0])
         s_blk: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
         k_sh: gl.constexpr = gl.SwizzledSharedLayout(32, 1, 8, [1, 0])
-        v_sh: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])  # for ldmatrix.trans, conflict-free
+        if V_BY_DIM:
+            v_sh: gl.constexpr = gl.SwizzledSharedLayout(2 * N16, 1, 4, [1, 0])
+        else:
+            v_sh: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])  # for ldmatrix.trans, conflict-free
         s_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         k_ring = gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_sh)
-        v_ring = gl.allocate_shared_memory(gl.int16, [NUM_STAGES, BLOCK_N, HALF], v_sh)
+        if V_BY_DIM:
+            v_ring = gl.allocate_shared_memory(gl.uint8, [NUM_STAGES, HEAD_DIM, BLOCK_N], v_sh)
+        else:
+            v_ring = gl.allocate_shared_memory(gl.int16, [NUM_STAGES, BLOCK_N, HALF], v_sh)
         ks_ring = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_N], s_sh)
         vs_ring = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_N], s_sh)
         p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_H], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
         kr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_blk))
         kc = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, k_blk))
-        vr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, v_blk))
-        vc = gl.arange(0, HALF, layout=gl.SliceLayout(0, v_blk))
+        if V_BY_DIM:
+            vr = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, v_blk))
+            vc = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, v_blk))
+        else:
+            vr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, v_blk))
+            vc = gl.arange(0, HALF, layout=gl.SliceLayout(0, v_blk))
         sr = gl.arange(0, BLOCK_N, layout=s_blk)
 
         last_page = (seq_len - 1) // block_size
@@ -320,7 +362,8 @@ if GLUON:
             if iss_tile < tile_end:
                 _issue(k_ring, v_ring, ks_ring, vs_ring, st, iss_tile, iss_off, iss_phys0, iss_phys1, seq_len,
                        block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt,
-                       stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N)
+                       stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N,
+                       V_BY_DIM)
             async_copy.commit_group()
             iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
                                                                          iss_phys1, bt_row, last_page, block_size,
@@ -334,7 +377,9 @@ if GLUON:
                       mask=(qh < GROUP)[None, :] & (qd[:, None] >= 0), other=0.0).to(gl.float32)
         q_s, q_inv_s = _pow2_fp16_scale(q32)
         qt = gl.convert_layout((q32 * q_s).to(gl.float16), b_q)
-        if FP8_SOFTWARE:
+        if KV_QUANT == 2:
+            s_mult = scale_log2 * 128.0 * q_inv_s  # int8 codes as value / 128
+        elif FP8_SOFTWARE:
             s_mult = scale_log2 * 256.0 * q_inv_s
         else:
             s_mult = scale_log2 * q_inv_s  # exact e4m3 values
@@ -351,20 +396,20 @@ if GLUON:
             acc_a, acc_b, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
                 i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, qt, s_mult, acc_a, acc_b, m_i, l_t,
                 iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head,
-                ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_ksb, stride_kst, stride_vsb,
-                stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem, FP8_SOFTWARE, BLOCK_N, BLOCK_H, NUM_STAGES, False,
-                mma)
+                ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd, stride_ksb, stride_kst,
+                stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem, KV_QUANT, FP8_SOFTWARE, BLOCK_N, BLOCK_H,
+                NUM_STAGES, False, mma, V_BY_DIM)
         if partial > 0:
             acc_a, acc_b, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
                 n_steady - 1, tile_start, tile_end, seq_len, last_page, block_size, bt_row, qt, s_mult, acc_a, acc_b,
                 m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head,
-                v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_ksb, stride_kst,
-                stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem, FP8_SOFTWARE, BLOCK_N, BLOCK_H,
-                NUM_STAGES, True, mma)
+                v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd, stride_ksb,
+                stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem, KV_QUANT, FP8_SOFTWARE,
+                BLOCK_N, BLOCK_H, NUM_STAGES, True, mma, V_BY_DIM)
         async_copy.wait_group(0)
 
         l_i = gl.sum(l_t, axis=0)
-        if FP8_SOFTWARE:
+        if FP8_SOFTWARE or KV_QUANT == 2:
             out_factor = _KV8_OUT_FACTOR / l_i
         else:
             out_factor = _KV8_HW_OUT_FACTOR / l_i
@@ -381,10 +426,11 @@ if GLUON:
             gl.store(ws_lse_ptr + row, lse, mask=h_mask)
 
 
-def launch_gluon_stage1(grid, args, *, group, head_dim, block_n, num_stages, num_warps, fp8_software,
+def launch_gluon_stage1(grid, args, *, group, head_dim, block_n, num_stages, num_warps, kv_quant, fp8_software,
                         even_splits, balance, batch_chunk):
-    """Launch the Gluon stage 1 with the Triton stage 1's positional arguments ``args``."""
+    """Launch the Gluon stage 1 with the Triton stage 1's positional arguments ``args`` (kv_quant: 1 fp8, 2 int8)."""
     _decode_split_kernel_gluon[grid](
         *args, GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_H=8 if group <= 8 else 16,
-        NUM_STAGES=num_stages, NUM_WARPS=num_warps, FP8_SOFTWARE=fp8_software, EVEN_SPLITS=even_splits,
+        NUM_STAGES=num_stages, NUM_WARPS=num_warps, KV_QUANT=kv_quant, FP8_SOFTWARE=fp8_software and kv_quant == 1,
+        EVEN_SPLITS=even_splits,
         BALANCE=balance, BATCH_CHUNK=batch_chunk, num_warps=num_warps)

@@ -51,10 +51,10 @@ Keys of an entry:
               gluon (kv8 only, CUDA): an object {BLOCK_N, num_warps, num_stages[, programs_per_cu,
               min_split_tokens]} (BLOCK_N 64 / 128, 16 x num_warps <= BLOCK_N), the launch of the Gluon stage 1
               (gluon_stage1.py: q held in registers, the codes through a cp.async ring straight into the matrix
-              operands) for the fp8 calls it covers (V by token, head_dim 256, pages of at least its BLOCK_N tokens:
-              gluon_stage1.gluon_supported), with its own split plan
-              (the workspace is sized for both plans); every other call, int8 included, takes the Triton kernel
-              with the rest of the entry. null drops it (sm90's entry sets it: see there);
+              operands) for the 8-bit calls it covers (fp8 with V by token, int8 with V by dim, as their caches hold
+              them; head_dim 256, pages of at least its BLOCK_N tokens: gluon_stage1.gluon_supported), with its own
+              split plan (the workspace is sized for both plans); every other call takes the Triton kernel with the
+              rest of the entry. null drops it (sm90's entry sets it: see there);
               int8 (kv8 only): launch options merged over kv8 for int8 caches only (fp8 caches take kv8 as it is),
               from BLOCK_N, num_warps, num_stages, waves_per_eu, matrix_instr_nonkdim, early_convert, page_loop
               (nothing of the host's split plan: the workspace is sized for kv8 whatever the kind);
@@ -90,7 +90,7 @@ LAUNCH_DEFAULTS = {"early_convert": 2, "page_loop": 0, "int8_qk": 0, "split_roun
 # int8_qk (int8-only already)
 _INT8 = "int8"
 _INT8_KEYS = tuple(k for k in _LAUNCH_KEYS if k not in ("split_round", "int8_qk", "balance"))
-# kv8 only: the Gluon stage 1's launch for the fp8 calls it takes (its presence turns it on); its own split plan keys
+# kv8 only: the Gluon stage 1's launch for the 8-bit calls it takes (its presence turns it on); its own split plan keys
 _GLUON = "gluon"
 _GLUON_KEYS = ("BLOCK_N", "num_warps", "num_stages", "programs_per_cu", "min_split_tokens")
 _GLUON_BLOCK_N = (64, 128)
@@ -159,7 +159,7 @@ PARAMS = {
         # 1/4/16/64 x 4-32K, one call; int8 / bf16 at batch 1 0.819 -> 0.775, batch 4 0.633 -> 0.604). Not for kv16:
         # bf16 with it took 1.03-1.07x at batch 4 (bench/results/2026-12-03-nvidia-h200-decode-attention-stages.md,
         # -even-all.md); q_early 0 in the same call: 1.004-1.019x, so 8-bit q keeps its early load
-        # gluon (2026-12-04, twenty-second session): fp8 calls take the Gluon stage 1 (its transposed products),
+        # gluon (2026-12-04, twenty-second session): 8-bit calls take the Gluon stage 1 (its transposed products),
         # BLOCK_N 128 x 4 warps x 2 stages, one program per SM (137 KB of shared memory). Against this entry's Triton
         # launch in one call (call 5), fp8 by token (the served layout) at 16-32K: hardware e4m3 0.57-0.62 / 0.47-0.50 /
         # 0.48-0.49 / 0.53x bf16 at batch 1 / 4 / 16 / 64, software 0.60 / 0.46-0.51 / 0.48-0.49 / 0.53; 0.80x the
@@ -168,7 +168,9 @@ PARAMS = {
         # bench/results/2026-12-04-h200-session22-gluon-entry.md).
         # Served with the first form of the kernel (fp8 KV, dcu64, 16-32K at 0.6 req/s, 16 layers): output tok/s and
         # TPOT P99 equal to the Triton launch's (1.000 / 0.99x), no Triton or Gluon compile after the server was up;
-        # the mixed-batch test passes with this one. int8 caches and short pages keep the Triton launch above.
+        # the mixed-batch test passes with this one. int8 caches (V by dim) take it too: 0.61-0.65 / 0.51-0.55 /
+        # 0.53-0.54 / 0.59x bf16 at 16-32K, 0.95x the int8 x int8 Triton launch's time (call 6). Short pages keep
+        # the Triton launch above.
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
                 "split_round": "down", "int8_qk": 1, "even_splits": 1, "balance": 1,
                 "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},

@@ -3,8 +3,9 @@
 Each test turns the key on through VLLM_DCU_DECODE_PARAMS, checks that the Gluon kernel really ran (a spy on its
 launcher) and compares with the float32 / float64 references as the Triton kernel's tests do: ragged lengths around
 the tile size, hybrid page sizes (tiles straddling pages), forced and balanced splits, garbage past the end of the
-last page, the value range, and the Triton kernel's own output; V by token (as fp8 caches hold it), with hardware and
-software e4m3. int8 caches, V by dim and short pages stay on the Triton kernel.
+last page, the value range, and the Triton kernel's own output; fp8 (V by token, as fp8 caches hold it) with hardware
+and software e4m3, int8 (V by dim, as int8 caches hold it). fp8 with V by dim and short pages stay on the Triton
+kernel.
 """
 import importlib
 import json
@@ -41,9 +42,9 @@ def gluon_on(request, monkeypatch):
     return calls
 
 
-# (kind, software e4m3): fp8 caches hold V by token, the layout the Gluon stage 1 reads
-KINDS = [("fp8", False), ("fp8", True)]
-KIND_IDS = ["fp8-hw", "fp8-sw"]
+# (kind, software e4m3): fp8 caches hold V by token, int8 caches by dim (kv_quant.layout.V_BY_DIM)
+KINDS = [("fp8", False), ("fp8", True), ("int8", False)]
+KIND_IDS = ["fp8-hw", "fp8-sw", "int8"]
 
 
 def kind_case(lens, block_size, kv_quant, **kw):
@@ -81,8 +82,8 @@ def test_gluon_stage1_agrees_with_the_triton_kernel(gluon_on, monkeypatch, kv_qu
 
 @pytest.mark.parametrize("kv_quant,software", KINDS, ids=KIND_IDS)
 def test_gluon_stage1_ignores_garbage_past_the_end_of_the_last_page(gluon_on, kv_quant, software):
-    # 0x7f is NaN to the hardware e4m3 decode and NaN scales past the end: 0 x NaN would reach the output if a slot
-    # past the sequence's end were read
+    # 0x7f is NaN to the hardware e4m3 decode and NaN scales past the end: 0 x NaN would reach the output if such a
+    # slot were read (int8's V by dim reads its codes, finite, and their P' is 0)
     lens = [1000, 1553, 17, 130]
     case = kind_case(lens, 1552, kv_quant, seed=5)
     bs = case["k_cache"].shape[1]
@@ -113,11 +114,11 @@ def test_gluon_stage1_takes_queries_beyond_fp16_range(gluon_on):
     assert gluon_on
 
 
-@pytest.mark.parametrize("kv_quant,block_size,v_layout", [("fp8", 16, "token"), ("int8", 1552, "dim"),
+@pytest.mark.parametrize("kv_quant,block_size,v_layout", [("fp8", 16, "token"), ("int8", 16, "dim"),
                                                         ("fp8", 1552, "dim")])
-def test_short_pages_int8_and_v_by_dim_keep_the_triton_kernel(gluon_on, kv_quant, block_size, v_layout):
-    # where the Gluon stage 1 does not apply (pages shorter than BLOCK_N; int8, whose Triton products are faster; fp8
-    # with V by dim, a layout no fp8 cache holds), the Triton kernel runs
+def test_short_pages_and_fp8_v_by_dim_keep_the_triton_kernel(gluon_on, kv_quant, block_size, v_layout):
+    # where the Gluon stage 1 does not apply (pages shorter than BLOCK_N; fp8 with V by dim, a layout no fp8 cache
+    # holds), the Triton kernel runs
     case = make_case([3000, 90], block_size, kv_quant=kv_quant, seed=7)
     if v_layout == "dim" and kv_quant == "fp8":
         case["v_cache"] = v_by_dim(case["v_cache"])
