@@ -809,7 +809,7 @@ def workspace_numel(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: i
     plans = [_plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8)]
     if kv8 and launch_params.get_params(launch_params.current_target(device))["kv8"].get("gluon"):
         plans.append(_plan(batch, num_q_heads, num_kv_heads, head_dim, device, num_splits, kv8, gluon=True))
-    return max(plan.numel(batch, num_q_heads, head_dim) for plan in plans)  # fp8 calls may take the Gluon plan
+    return max(plan.numel(batch, num_q_heads, head_dim) for plan in plans)  # 8-bit calls may take the Gluon plan
 
 
 def _takes_gluon(device, kv_quant, ptx, v_by_dim, v_dim_stride, head_dim, group, block_size) -> bool:

@@ -161,16 +161,16 @@ PARAMS = {
         # -even-all.md); q_early 0 in the same call: 1.004-1.019x, so 8-bit q keeps its early load
         # gluon (2026-12-04, twenty-second session): 8-bit calls take the Gluon stage 1 (its transposed products),
         # BLOCK_N 128 x 4 warps x 2 stages, one program per SM (137 KB of shared memory). Against this entry's Triton
-        # launch in one call (call 5), fp8 by token (the served layout) at 16-32K: hardware e4m3 0.57-0.62 / 0.47-0.50 /
-        # 0.48-0.49 / 0.53x bf16 at batch 1 / 4 / 16 / 64, software 0.60 / 0.46-0.51 / 0.48-0.49 / 0.53; 0.80x the
-        # Triton fp8 time (geomean over 4-32K); 8 warps, 3 stages (8 warps) and BLOCK_N 64 x 2 programs per SM took
+        # launch in one call (call 7), fp8 by token (the served layout) at 16-32K: 0.57-0.62 / 0.46-0.50 / 0.48-0.49 /
+        # 0.53x bf16 at batch 1 / 4 / 16 / 64, hardware and software e4m3 alike; 0.80x the Triton fp8 time (geomean
+        # over 4-32K); 8 warps, 3 stages (8 warps) and BLOCK_N 64 x 2 programs per SM took
         # 1.005-1.019x its time for hardware and 1.03-1.04x for software (call 4, one run;
         # bench/results/2026-12-04-h200-session22-gluon-entry.md).
         # Served with the first form of the kernel (fp8 KV, dcu64, 16-32K at 0.6 req/s, 16 layers): output tok/s and
         # TPOT P99 equal to the Triton launch's (1.000 / 0.99x), no Triton or Gluon compile after the server was up;
-        # the mixed-batch test passes with this one. int8 caches (V by dim) take it too: 0.61-0.65 / 0.51-0.55 /
-        # 0.53-0.54 / 0.59x bf16 at 16-32K, 0.95x the int8 x int8 Triton launch's time (call 6). Short pages keep
-        # the Triton launch above.
+        # the mixed-batch test passes with this one. int8 caches (V by dim) take it too: 0.61-0.65 / 0.51-0.53 /
+        # 0.53-0.54 / 0.58-0.60x bf16 at 16-32K, 0.95x the int8 x int8 Triton launch's time (calls 6-7). Short pages
+        # keep the Triton launch above.
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
                 "split_round": "down", "int8_qk": 1, "even_splits": 1, "balance": 1,
                 "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
