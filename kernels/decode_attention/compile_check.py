@@ -11,8 +11,8 @@ registers, spills, shared memory / LDS and barriers are printed. The CPU interpr
 this is what finds code the compiler refuses (e.g. a plain Python global inside a kernel). Must run without
 TRITON_INTERPRET=1. --tile-loop (CUDA targets) adds stage 1's tile loop as ptxas compiled it: its SASS instructions
 per thread per tile and the most frequent opcodes (compile_tools.sass_tile_loop), the count to set against a tile's
-measured time. --gluon [JSON] (CUDA targets) adds the Gluon stage 1 (gluon_stage1.py) for fp8, V by token and by
-dim, with the kv8 entry's gluon launch and JSON over it.
+measured time. --gluon [JSON] (CUDA targets) adds the Gluon stage 1 (gluon_stage1.py) for int8 (V by dim) and fp8 (V
+by token), as their caches hold V, with the kv8 entry's gluon launch and JSON over it.
 """
 import argparse
 import json
@@ -113,8 +113,8 @@ def main(argv=None):
     ap.add_argument("--tile-loop", action="store_true", help="CUDA targets: also stage 1's tile loop in SASS "
                     "(instructions per thread per tile, most frequent opcodes)")
     ap.add_argument("--gluon", metavar="JSON", nargs="?", const="{}", help="CUDA targets: also the Gluon stage 1 "
-                    "(fp8; the kv8 entry's gluon launch) with this JSON over it (BLOCK_N, num_warps, num_stages), "
-                    "e.g. '{\"BLOCK_N\": 128, \"num_warps\": 8, \"num_stages\": 2}'")
+                    "(int8 and fp8; the kv8 entry's gluon launch) with this JSON over it (BLOCK_N, num_warps, "
+                    "num_stages), e.g. '{\"BLOCK_N\": 128, \"num_warps\": 8, \"num_stages\": 2}'")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("error: compile_check needs Triton's compiler: unset TRITON_INTERPRET")
@@ -122,7 +122,7 @@ def main(argv=None):
     for target in args.target or ["sm90", "gfx936"]:
         entry = launch_params.get_params(target)
         for label, kv, sw, ptx in (_VARIANTS_CUDA if target.startswith("sm") else _VARIANTS_ROCM):
-            launch = entry["kv8" if kv else "kv16"]
+            launch = {k: v for k, v in entry["kv8" if kv else "kv16"].items() if k != "gluon"}  # the Triton launch
             try:
                 rep = compile_variant(target, kv, sw, ptx, launch, tile_loop=args.tile_loop)
             except Exception as e:  # noqa: BLE001 - report and go on
