@@ -970,7 +970,7 @@ def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
 
 @pytest.mark.slow
 def test_gluon_stage1_compiles_for_sm90_without_spills():
-    # launch key gluon: the Gluon stage 1 for fp8 (V by token, as fp8 caches hold it)
+    # launch key gluon: the Gluon stage 1 for int8 (V by dim) and fp8 (V by token), as their caches hold V
     import subprocess
     import sys
     from pathlib import Path
@@ -1006,7 +1006,7 @@ def test_int8_qk_takes_its_own_path(params):
 
 # --- launch key gluon: where the Gluon stage 1 takes a call ------------------------------------------------------
 
-def test_gluon_stage1_covers_cuda_ptx_fp8_calls_with_pages_of_a_tile():
+def test_gluon_stage1_covers_cuda_ptx_8bit_calls_in_their_own_v_layout_with_pages_of_a_tile():
     from kernels.decode_attention import gluon_stage1
 
     ok = dict(kv_quant=1, ptx=True, v_by_dim=False, head_dim=256, group=6, block_size=1552, block_n=128,

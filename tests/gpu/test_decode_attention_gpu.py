@@ -22,8 +22,8 @@ from tests.attention_checks import assert_rel_close, v_by_dim, v_by_token
 
 pytestmark = pytest.mark.gpu
 da_module = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
-# these tests are the Triton stage 1's (the DCU's kernel): sm90's kv8 entry sends fp8 calls to the Gluon stage 1,
-# so every test here drops that key; tests/gpu/test_decode_attention_gluon_gpu.py tests the Gluon one
+# these tests are the Triton stage 1's (the DCU's kernel): sm90's kv8 entry sends int8 and fp8 calls to the Gluon
+# stage 1, so every test here drops that key; tests/gpu/test_decode_attention_gluon_gpu.py tests the Gluon one
 TRITON_STAGE1 = {"kv8": {"gluon": None}}
 
 
