@@ -88,7 +88,7 @@ def compile_gluon_variant(target: str, kv_quant: int, software: bool, launch: di
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .decode_attention import split_kernel_launch
-    from .gluon_stage1 import _decode_split_kernel_gluon
+    from .gluon_stage1 import _decode_split_kernel_gluon, gluon_constexprs
 
     v_by_dim = kv_quant == 2
     launch_consts, options = split_kernel_launch(launch, block_size, kv_quant, v_by_dim)  # as the launcher does
@@ -96,11 +96,11 @@ def compile_gluon_variant(target: str, kv_quant: int, software: bool, launch: di
                                              ones=("stride_vt" if v_by_dim else "stride_vd", "stride_ksh",
                                                    "stride_vsh"),
                                              div16=lambda name: name not in _NO_DIV16, scalars={"scale_log2": "fp32"})
-    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_N=launch_consts["BLOCK_N"], BLOCK_H=8 if group <= 8 else 16,
-                  NUM_STAGES=options["num_stages"], NUM_WARPS=options["num_warps"], KV_QUANT=kv_quant,
-                  FP8_SOFTWARE=software,
-                  EVEN_SPLITS=launch_consts["EVEN_SPLITS"], BALANCE=launch_consts["BALANCE"],
-                  BATCH_CHUNK=launch_consts["BATCH_CHUNK"], **unit_strides)
+    consts = dict(gluon_constexprs(group=group, head_dim=head_dim, block_n=launch_consts["BLOCK_N"],
+                                   num_stages=options["num_stages"], num_warps=options["num_warps"], kv_quant=kv_quant,
+                                   fp8_software=software, even_splits=launch_consts["EVEN_SPLITS"],
+                                   balance=launch_consts["BALANCE"], batch_chunk=launch_consts["BATCH_CHUNK"]),
+                  **unit_strides)
     kernel = triton.compile(GluonASTSource(_decode_split_kernel_gluon, sig, constexprs=consts, attrs=attrs),
                             target=gpu_target(target), options=dict(num_warps=options["num_warps"]))
     return _report(kernel, target, tile_loop)

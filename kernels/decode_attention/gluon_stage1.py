@@ -426,11 +426,17 @@ if GLUON:
             gl.store(ws_lse_ptr + row, lse, mask=h_mask)
 
 
-def launch_gluon_stage1(grid, args, *, group, head_dim, block_n, num_stages, num_warps, kv_quant, fp8_software,
-                        even_splits, balance, batch_chunk):
-    """Launch the Gluon stage 1 with the Triton stage 1's positional arguments ``args`` (kv_quant: 1 fp8, 2 int8)."""
-    _decode_split_kernel_gluon[grid](
-        *args, GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_H=8 if group <= 8 else 16,
-        NUM_STAGES=num_stages, NUM_WARPS=num_warps, KV_QUANT=kv_quant, FP8_SOFTWARE=fp8_software and kv_quant == 1,
-        EVEN_SPLITS=even_splits,
-        BALANCE=balance, BATCH_CHUNK=batch_chunk, num_warps=num_warps)
+def gluon_constexprs(*, group, head_dim, block_n, num_stages, num_warps, kv_quant, fp8_software, even_splits, balance,
+                     batch_chunk) -> dict:
+    """The Gluon stage 1's constexprs for a call (kv_quant: 1 fp8, 2 int8); shared by the launcher and compile_check,
+    so both compile the same kernel. The mma's columns hold the GQA group: 8, or 16 for groups over 8."""
+    return dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_H=8 if group <= 8 else 16,
+                NUM_STAGES=num_stages, NUM_WARPS=num_warps, KV_QUANT=kv_quant,
+                FP8_SOFTWARE=bool(fp8_software) and kv_quant == 1, EVEN_SPLITS=even_splits, BALANCE=balance,
+                BATCH_CHUNK=batch_chunk)
+
+
+def launch_gluon_stage1(grid, args, **constexprs):
+    """Launch the Gluon stage 1 with the Triton stage 1's positional arguments ``args`` (constexprs: gluon_constexprs'
+    keywords)."""
+    _decode_split_kernel_gluon[grid](*args, **gluon_constexprs(**constexprs), num_warps=constexprs["num_warps"])
