@@ -943,20 +943,25 @@ def test_bench_compare_rejects_a_file_that_is_not_a_bench_json(tmp_path):
 
 # --- the compiled kernel (not the interpreter) ---------------------------------------------------------------
 
-@pytest.mark.slow
-def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
-    # the interpreter runs kernels as Python: a construct only the compiler refuses (a plain Python global in a
-    # kernel, a type mismatch in a loop-carried value) shows only here
+def _compile_check_rows(*args):
+    """compile_check's JSON rows (--json --tile-loop plus args), run as a process without TRITON_INTERPRET."""
     import subprocess
     import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "kernels.decode_attention.compile_check", "--json", "--tile-loop"],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "kernels.decode_attention.compile_check", "--json", "--tile-loop",
+                           *args], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
+    # the interpreter runs kernels as Python: a construct only the compiler refuses (a plain Python global in a
+    # kernel, a type mismatch in a loop-carried value) shows only here
+    rows = _compile_check_rows()
     assert len(rows) == 7 + 3
     for r in rows:
         assert "error" not in r, r
@@ -971,17 +976,8 @@ def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
 @pytest.mark.slow
 def test_gluon_stage1_compiles_for_sm90_without_spills():
     # launch key gluon: the Gluon stage 1 for int8 (V by dim) and fp8 (V by token), as their caches hold V
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "kernels.decode_attention.compile_check", "--json", "--tile-loop",
-                           "--target", "sm90", "--gluon", json.dumps(GLUON_LAUNCH)],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [r for r in json.loads(proc.stdout) if "gluon" in r["variant"]]
+    rows = [r for r in _compile_check_rows("--target", "sm90", "--gluon", json.dumps(GLUON_LAUNCH))
+            if "gluon" in r["variant"]]
     assert [r["variant"] for r in rows] == ["int8 gluon", "fp8-sw gluon", "fp8-hw gluon"]
     for r in rows:
         assert "error" not in r, r
