@@ -27,16 +27,18 @@ is shared), but the tile loop is laid out by hand where Triton's choices cost th
 Swizzles (K 32-byte vectors over 8 phases, V 16-byte over 8) keep the cp.async stores and the operand loads free of
 bank conflicts (gl.bank_conflicts, sm90, head_dim 256).
 
-H200 (bench/results/2026-12-04-h200-session22-gluon-entry.md, call 7), sm90's entry: BLOCK_N 128 x 4 warps x 2
-stages, one program per SM (programs_per_cu 1), against bf16 in the same run at 16-32K: fp8 0.57-0.62 / 0.46-0.50 /
-0.48-0.49 / 0.53x at batch 1 / 4 / 16 / 64, hardware and software e4m3 alike (1.00-1.01x per cell); 0.80x the Triton
-kernel's fp8 time (geomean over 4-32K). From batch 16 it reads KV at 96-100% of the copy bandwidth; batch 1 is its
-fixed cost (~10 us with stage 2, as bf16's). int8 (V by dim): 0.61-0.65 / 0.51-0.53 / 0.53-0.54 / 0.58-0.60x bf16,
-0.95x the Triton kernel's int8 x int8 path (1.00-1.02x at batch 64, where both read at 90% of the copy bandwidth: a
-page's 1552-token dim rows leave each tile's 128-byte runs unaligned). The tile loop is 577 SASS
-instructions per thread at 8 warps for fp8 in hardware (the untransposed form: 741, and 818 with P's layout change
-by convert_layout). The untransposed form with int8 was slower than the Triton kernel (0.60-0.76 with int8 codes
-converted, 0.60-0.72 with int8 products: 049ac1f, bench/results/raw/2026-12-04-session21/call7).
+H200 (bench/results/2026-12-04-h200-session22-gluon-entry.md, call 7), sm90's entry: BLOCK_N 128 x 4 warps x 2 stages,
+one program per SM (programs_per_cu 1), against bf16 in the same run at 16-32K: fp8 0.57-0.62 / 0.46-0.50 / 0.48-0.49 /
+0.53x at batch 1 / 4 / 16 / 64, hardware and software e4m3 alike (1.00-1.01x per cell); 0.80x the Triton kernel's fp8
+time (geomean over 4-32K). From batch 16 it reads KV at 96-100% of the copy bandwidth; batch 1 is its fixed cost (~10 us
+with stage 2, as bf16's). int8 (V by dim): 0.61-0.65 / 0.51-0.53 / 0.53-0.54 / 0.58-0.60x bf16, 0.95x the Triton
+kernel's int8 x int8 path (1.00-1.02x at batch 64, where both read at 90% of the copy bandwidth: a page's 1552-token dim
+rows leave each tile's 128-byte runs unaligned). The tile loop is 577 SASS instructions per thread at 8 warps for fp8 in
+hardware (the untransposed form: 741, and 818 with P's layout change by convert_layout). The untransposed form with int8
+was slower than the Triton kernel (0.60-0.76 with int8 codes converted, 0.60-0.72 with int8 products: 049ac1f,
+bench/results/raw/2026-12-04-session21/call7). Merging in the last split's program instead of stage 2 (an atomic count
+per sequence and kv head) was slower, 1.09-1.30x at batch 1: that one program's 203 KB of partials took ~7 us to read at
+1 x 16K, where stage 2 spreads them over 96 programs (bench/results/2026-12-04-h200-session23.md).
 
 Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes with
 V by token (head_dim contiguous) or int8 codes with V by dim (tokens contiguous), head_dim 256 (the one shape the GPU
