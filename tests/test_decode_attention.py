@@ -27,6 +27,7 @@ from tests.attention_checks import (  # noqa: E402
     v_by_dim,
     v_by_token,
 )
+from tests.compile_checks import compile_check_rows  # noqa: E402
 
 # (max abs error, error norm / reference norm): P and the output are rounded to the query dtype
 TOL = {torch.float16: (2e-3, 1e-3), torch.bfloat16: (4e-2, 1e-2)}
@@ -944,17 +945,8 @@ def test_bench_compare_rejects_a_file_that_is_not_a_bench_json(tmp_path):
 # --- the compiled kernel (not the interpreter) ---------------------------------------------------------------
 
 def _compile_check_rows(*args):
-    """compile_check's JSON rows (--json --tile-loop plus args), run as a process without TRITON_INTERPRET."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "kernels.decode_attention.compile_check", "--json", "--tile-loop",
-                           *args], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    """compile_check's JSON rows with --tile-loop plus args."""
+    return compile_check_rows("decode_attention", "--tile-loop", *args)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import triton_interp_compat  # noqa: E402,F401
 
 from kernels.gemv import bench, launch_params  # noqa: E402
+from tests.compile_checks import compile_check_rows  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,11 +56,7 @@ def test_sweep_grid_is_bounded_and_valid():
 
 
 def test_gemv_compiles_for_sm90_and_wave64_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "kernels.gemv.compile_check", "--json"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout)
+    rows = compile_check_rows("gemv")
     assert {r["target"] for r in rows} == {"sm90", "gfx936"}
     for r in rows:
         assert "error" not in r, r
@@ -163,11 +160,7 @@ def test_variant_grid_compiles_for_sm90_without_spills():
     for _, n, k, silu in bench.SHAPES:
         for cfg in bench.variant_grid(launch_params.config_for("sm90", n, k, 1, silu, entry=entry)).values():
             launch_params.check_config(dict(cfg), "variant", rocm=False, rows=1, silu_mul=silu)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "kernels.gemv.compile_check", "--target", "sm90", "--variants",
-                           "--json"], check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [r for r in json.loads(proc.stdout) if r["label"].startswith("variant")]
+    rows = [r for r in compile_check_rows("gemv", "--target", "sm90", "--variants") if r["label"].startswith("variant")]
     assert len(rows) >= 6
     for r in rows:
         assert "error" not in r, r

@@ -20,6 +20,7 @@ from kernels.kv_quant.reference import quantized_paged_cache  # noqa: E402
 from kernels.prefill_attention import launch_params, prefill_attention  # noqa: E402
 from kernels.prefill_attention.reference import paged_prefill_reference  # noqa: E402
 from tests.attention_checks import huge_v_keys_below_the_max, subnormals_flushed, v_by_dim  # noqa: E402
+from tests.compile_checks import compile_check_rows  # noqa: E402
 
 # (max abs error, error norm / reference norm)
 TOL = {torch.float16: (4e-3, 2e-3), torch.bfloat16: (4e-2, 1.2e-2)}
@@ -521,16 +522,7 @@ def test_table_entries_compile_within_the_targets_limits(target):
     # compiled for the real target (gfx90a stands in for the DCU's wave64), not run, in a process without the
     # interpreter: the DCU entries were chosen on paper, so at least they must fit 64 KiB of LDS without spilling;
     # the H200's fit its 227 KiB and pipeline their K/V loads
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "kernels.prefill_attention.compile_check", "--target", target,
-                           "--json"], cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout)
+    rows = compile_check_rows("prefill_attention", "--target", target)
     # kv16 (bf16, the mirror), then the direct path's two tiles: kv8 and kv8_short
     assert [r["kv"] for r in rows] == ["bf16", "mirror"] + ["int8", "int8 by token", "fp8"] * 2
     for i, r in enumerate(rows):
