@@ -38,10 +38,10 @@ hardware (the untransposed form: 741, and 818 with P's layout change by convert_
 was slower than the Triton kernel (0.60-0.76 with int8 codes converted, 0.60-0.72 with int8 products: 049ac1f,
 bench/results/raw/2026-12-04-session21/call7). Merging in the last split's program instead of stage 2 (an atomic count
 per sequence and kv head) was slower, 1.09-1.30x at batch 1: that one program's 203 KB of partials took ~7 us to read at
-1 x 16K, where stage 2 spreads them over 96 programs (bench/results/2026-12-04-h200-session23.md). int8 products (the
-raw codes to int8 mma.sync, q and P as int8 pairs) cut int8's tile loop to 745 SASS but took 1.026x the time, the same
-at batch 1: there the kernel waits on memory latency (one warp per scheduler, 4.8 cycles per instruction, Nsight
-Compute; same file).
+1 x 16K, where stage 2 spreads them over 96 programs (bench/results/2026-12-04-h200-session23.md). In the transposed
+form, int8 products (the raw codes to int8 mma.sync, q and P as int8 pairs) cut int8's tile loop to 745 SASS but took
+1.026x the time, the same at batch 1: there the kernel waits on memory latency (one warp per scheduler, 4.8 cycles per
+instruction, Nsight Compute; same file).
 
 Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes with
 V by token (head_dim contiguous) or int8 codes with V by dim (tokens contiguous), head_dim 256 (the one shape the GPU
