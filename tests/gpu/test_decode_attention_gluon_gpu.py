@@ -47,14 +47,10 @@ KINDS = [("fp8", False), ("fp8", True), ("int8", False)]
 KIND_IDS = ["fp8-hw", "fp8-sw", "int8"]
 
 
-def kind_case(lens, block_size, kv_quant, **kw):
-    return make_case(lens, block_size, kv_quant=kv_quant, **kw)
-
-
 @pytest.mark.parametrize("kv_quant,software", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("block_size", [128, 784, 1552])
 def test_gluon_stage1_matches_reference_at_ragged_lengths(gluon_on, kv_quant, software, block_size):
-    case = kind_case([1, 127, 128, 129, 777, 5000, 16385, 3], block_size, kv_quant, seed=1)
+    case = make_case([1, 127, 128, 129, 777, 5000, 16385, 3], block_size, kv_quant=kv_quant, seed=1)
     check(run(case, software_fp8=software), case)
     assert gluon_on, "the Gluon stage 1 did not run"
 
@@ -62,14 +58,14 @@ def test_gluon_stage1_matches_reference_at_ragged_lengths(gluon_on, kv_quant, so
 @pytest.mark.parametrize("kv_quant,software", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 200])
 def test_gluon_stage1_forced_splits(gluon_on, kv_quant, software, num_splits):
-    case = kind_case([16385, 300, 4099], 1552, kv_quant, seed=2)
+    case = make_case([16385, 300, 4099], 1552, kv_quant=kv_quant, seed=2)
     check(run(case, software_fp8=software, num_splits=num_splits), case)
     assert gluon_on
 
 
 @pytest.mark.parametrize("kv_quant,software", KINDS, ids=KIND_IDS)
 def test_gluon_stage1_agrees_with_the_triton_kernel(gluon_on, monkeypatch, kv_quant, software):
-    case = kind_case([9000, 1, 33, 20000], 784, kv_quant, seed=3)
+    case = make_case([9000, 1, 33, 20000], 784, kv_quant=kv_quant, seed=3)
     got = run(case, software_fp8=software)
     assert gluon_on
     monkeypatch.setenv(launch_params.ENV_VAR, json.dumps({"kv8": {"gluon": None}}))
@@ -85,7 +81,7 @@ def test_gluon_stage1_ignores_garbage_past_the_end_of_the_last_page(gluon_on, kv
     # 0x7f is NaN to the hardware e4m3 decode and NaN scales past the end: 0 x NaN would reach the output if such a
     # slot were read (int8's V by dim reads its codes, finite, and their P' is 0)
     lens = [1000, 1553, 17, 130]
-    case = kind_case(lens, 1552, kv_quant, seed=5)
+    case = make_case(lens, 1552, kv_quant=kv_quant, seed=5)
     bs = case["k_cache"].shape[1]
     for b, n in enumerate(lens):
         page = case["block_table"][b, (n - 1) // bs]
@@ -100,14 +96,14 @@ def test_gluon_stage1_ignores_garbage_past_the_end_of_the_last_page(gluon_on, kv
 @pytest.mark.parametrize("kv_quant,software", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("k_mag,v_mag", [(2.0, 1e-6), (6e4, 1e5), (6e4, 1e-6)])
 def test_gluon_stage1_across_the_value_range(gluon_on, kv_quant, software, k_mag, v_mag):
-    case = kind_case([16385, 5000, 17], 1552, kv_quant, seed=8, k_mag=k_mag, v_mag=v_mag)
+    case = make_case([16385, 5000, 17], 1552, kv_quant=kv_quant, seed=8, k_mag=k_mag, v_mag=v_mag)
     check_rel(run(case, software_fp8=software), case)
     check_rel(run(case, software_fp8=software, num_splits=1), case)
     assert gluon_on
 
 
 def test_gluon_stage1_takes_queries_beyond_fp16_range(gluon_on):
-    case = kind_case([3000, 90], 1552, "fp8", seed=6)
+    case = make_case([3000, 90], 1552, kv_quant="fp8", seed=6)
     case["q"] = (case["q"].float() * 3e4).to(torch.bfloat16)
     case["scale"] = 256**-0.5 / 3e4
     check(run(case), case)
