@@ -43,6 +43,14 @@ form, int8 products (the raw codes to int8 mma.sync, q and P as int8 pairs) cut 
 1.026x the time, the same at batch 1: there the kernel waits on memory latency (one warp per scheduler, 4.8 cycles per
 instruction, Nsight Compute; same file).
 
+Batch 1, per program (a %globaltimer timeline of every program, bench/results/2026-12-04-h200-session24.md), at 1 x 16K:
+seq_len then the block table take ~1.2 us, the first tile is in shared memory ~2.9 us after its copies go out (later
+tiles every ~2 us, the copy bandwidth's share), the last tile's products and the store take ~2 us, and stage 2 with the
+two kernel boundaries ~3.9 us. q loads with seq_len (after the ring's first copies it had queued behind them and held
+the first tile up by ~1.2 us): fp8 0.58 / int8 0.62x bf16 at 1 x 16K, 0.55 / 0.61x at 32K. int8 reads a tile ~20%
+slower than fp8 (2.4 against 2.0 us per 64 KB per program): with 1536-token pages, where each dim row's 128-byte run
+starts on a line, it reads at fp8's rate (2.1 us).
+
 Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes with
 V by token (head_dim contiguous) or int8 codes with V by dim (tokens contiguous), head_dim 256 (the one shape the GPU
 tests cover; 16 x num_warps <= BLOCK_N, checked with the launch key), a GQA group of at most 16, pages of at least
@@ -298,6 +306,16 @@ if GLUON:
             seq_len = seq_len_balanced
         else:
             seq_len = gl.load(seq_lens_ptr + seq)
+        # q's load goes out now, with seq_len's. Issued after the ring's first copies, it queued behind their 64 KB
+        # per program and arrived after the first tile, which then waited on q's conversion (H200, batch 1 x 16K:
+        # q at 5.1 us into the kernel, the first tile used at 5.3; from here q at 2.7, the tile at 4.1). H200, before /
+        # after / before in one call: 0.92-0.97x the time at batch 1, 0.97-0.99x at batch 4, 0.99-1.02x from 16
+        # (bench/results/2026-12-04-h200-session24.md)
+        q_blk: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NUM_WARPS], [0, 1])
+        qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, q_blk))
+        qh = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, q_blk))
+        q_raw = gl.load(q_ptr + seq * stride_qb + (kv_head * GROUP + qh)[None, :] * stride_qh + qd[:, None],
+                        mask=(qh < GROUP)[None, :] & (qd[:, None] >= 0), other=0.0)
         n_tiles = _num_tiles(seq_len, block_size, BLOCK_N, False)
         if balanced:
             n_splits = n_splits_balanced
@@ -375,11 +393,7 @@ if GLUON:
                                                                          BLOCK_N)
 
         # q^T: fp16 scaled by a power of two (as _q_for_codes), held as the B operand [HEAD_DIM, BLOCK_H]
-        q_blk: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NUM_WARPS], [0, 1])
-        qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, q_blk))
-        qh = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, q_blk))
-        q32 = gl.load(q_ptr + seq * stride_qb + (kv_head * GROUP + qh)[None, :] * stride_qh + qd[:, None],
-                      mask=(qh < GROUP)[None, :] & (qd[:, None] >= 0), other=0.0).to(gl.float32)
+        q32 = q_raw.to(gl.float32)
         q_s, q_inv_s = _pow2_fp16_scale(q32)
         qt = gl.convert_layout((q32 * q_s).to(gl.float16), b_q)
         if KV_QUANT == 2:
