@@ -827,7 +827,9 @@ def test_bench_times_batches_of_mixed_lengths_with_the_balanced_plan(tmp_path, m
                                         (["--kv8-dtypes", "int8_pth"], "--kv8-dtypes needs --quick"),
                                         (["--quick", "--lens", "spread:0"], "--lens wants spread:F or one-long:F"),
                                         (["--quick", "--lens", "ramp:0.5"], "--lens wants"),
-                                        (["--lens", "spread:0.5"], "--lens wants .* with --quick")])
+                                        (["--lens", "spread:0.5"], "--lens wants .* with --quick"),
+                                        (["--block-8bit", "100"], "--block-8bit wants a positive multiple of 16"),
+                                        (["--block-8bit", "0"], "--block-8bit wants")])
 def test_bench_rejects_bad_timing_options_with_one_line(args, match):
     from kernels.decode_attention import bench
 
@@ -837,6 +839,15 @@ def test_bench_rejects_bad_timing_options_with_one_line(args, match):
 
 def _kv8_scored(*rows):
     return [(cfg, {"int8_pth": [i8], "fp8_pth_sw": [f8]}) for cfg, i8, f8 in rows]
+
+
+def test_bench_pages_the_8bit_caches_with_block_8bit_tokens(tmp_path, monkeypatch):
+    # --block-8bit: the 8-bit caches' page (int8 V rows by dim start on a line when it is a multiple of 128 bytes);
+    # bf16 keeps its own
+    report, md = bench_dry_run(tmp_path, monkeypatch, "--quick", "--kv8-dtypes", "int8_pth", "--batches", "1",
+                               "--ctxs", "100", "--block-8bit", "64")
+    assert {(r["dtype"], r["block_size"]) for r in report["rows"]} == {("bf16", 48), ("int8_pth", 64)}
+    assert "--block-8bit 64" in report["meta"]["command"]
 
 
 def test_bench_times_only_the_8bit_kinds_asked_for(tmp_path, monkeypatch):

@@ -614,7 +614,12 @@ def main(argv=None):
                     "the ctx column is then the longest, GB/s counts the bytes of the actual lengths")
     ap.add_argument("--compare", metavar="JSON", help="an earlier run's JSON (e.g. the kernel before a change, run "
                     "in the same call): the summary gives this run's time over its time per dtype")
+    ap.add_argument("--block-8bit", type=int, metavar="N", help="tokens per page of the 8-bit caches, a positive "
+                    "multiple of 16 (default Qwen3.5-27B's 1552: an int8 cache's V row of a dim then starts 16 x dim "
+                    "bytes off a 128-byte line)")
     args = ap.parse_args(argv)
+    if args.block_8bit is not None and (args.block_8bit < 16 or args.block_8bit % 16):
+        sys.exit(f"error: --block-8bit wants a positive multiple of 16; got {args.block_8bit}")
     compare_rows = load_rows(args.compare, "--compare") if args.compare else None
     lens = None
     if args.lens is not None:
@@ -684,6 +689,8 @@ def main(argv=None):
     global BATCHES, CTXS
     BATCHES = shape_filter.get("batches", BATCHES)
     CTXS = shape_filter.get("ctxs", CTXS)
+    if args.block_8bit is not None:
+        BLOCK["8bit"] = args.block_8bit
     launch_params.get_params(launch_params.current_target())  # bad VLLM_DCU_DECODE_PARAMS fails here, once
     t_start = time.time()
     os.makedirs(args.out, exist_ok=True)
@@ -770,6 +777,7 @@ def main(argv=None):
                 (" --stage-times" if args.stage_times else "") +
                 (f" --merge-splits {args.merge_splits}" if args.merge_splits else "") +
                 (f" --lens {args.lens}" if lens else "") +
+                (f" --block-8bit {args.block_8bit}" if args.block_8bit is not None else "") +
                 "".join(f" --{k} {','.join(map(str, v))}" for k, v in shape_filter.items()),
                 seconds=round(time.time() - t_start),
                 suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))
