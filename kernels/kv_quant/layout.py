@@ -31,10 +31,24 @@ QMAX = {"fp8": 448.0, "int8": 127.0}
 # V by dim took 1.3-2.0x its by-token time in the decode kernel; docs/kv-cache-layout.md has the int8 numbers)
 V_BY_DIM = frozenset({"int8"})
 
+# kinds whose pages should hold a multiple of this many tokens (patch 0002's hybrid attention/GDN block size rounds to
+# the larger of it and the backend's 16): an int8 page holds each dim's V codes as a row of block_size bytes, and a
+# multiple of 128 tokens starts every row on a 128-byte line. Qwen3.5-27B: 1664-token int8 pages instead of 1552,
+# whose rows start 16 x dim bytes off a line; H200 decode kernel, int8 at 1664 against 1552 tokens per page in one
+# call: 0.95x the time, 0.55-0.57x bf16 at batch 64 and 16-32K against 0.59-0.62x
+# (bench/results/2026-12-04-h200-session24.md). The cost: GDN state pages padded to the attention page (7.9% over the
+# 3,207,168 B a state needs, against 0.7% at 1552)
+PAGE_ALIGN_TOKENS = {"int8": 128}
+
 
 def kv_quant_kind(cache_dtype_str: str) -> str | None:
     """``"fp8"`` / ``"int8"`` for the per-token-head dtypes, ``None`` for anything else."""
     return KV_QUANT_DTYPES.get(cache_dtype_str)
+
+
+def kv_page_alignment_tokens(cache_dtype_str: str) -> int:
+    """Tokens a page of this cache dtype should hold a multiple of (PAGE_ALIGN_TOKENS; 1 where it has no wish)."""
+    return PAGE_ALIGN_TOKENS.get(kv_quant_kind(cache_dtype_str), 1)
 
 
 def kv_bytes_per_token(num_kv_heads: int, head_size: int) -> int:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 HQ, HKV, D = 24, 4, 256
 # the engine's page sizes for Qwen3.5's hybrid cache (bf16 / 8-bit)
-BLOCK = {"auto": 784, "int8_per_token_head": 1552, "fp8_per_token_head": 1552}
+BLOCK = {"auto": 784, "int8_per_token_head": 1664, "fp8_per_token_head": 1552}
 # three decode rows (16K, 3000, 700 tokens), a 512-token chunk after 8000, a 40-token chunk after 200
 QUERY_LENS = [1, 1, 1, 512, 40]
 SEQ_LENS = [16384, 3000, 700, 8512, 240]
