@@ -4,7 +4,8 @@
 
 Qwen3.5-27B attention shapes (24 q / 4 kv heads x 256), batch {1, 4, 16, 64} x context {4K, 8K, 16K,
 32K}, KV dtypes bf16 (block 784), fp8 per-token-head with hardware and with software e4m3 decode,
-int8 per-token-head (block 1552). Every call is captured in a CUDA/HIP graph and replayed; the time
+int8 per-token-head (block 1664: patch 0002 rounds an int8 page to 128 tokens, kv_quant.layout.PAGE_ALIGN_TOKENS;
+fp8 1552; --block-8bit N pages both with N). Every call is captured in a CUDA/HIP graph and replayed; the time
 covers both stages. GB/s = KV bytes read (codes + scales for 8-bit) / time, compared with a measured
 device copy (read + write bytes / time). Pages are scattered at random over a pool of 64 x 32K tokens.
 
@@ -59,7 +60,7 @@ from ..results_io import save_figure, write_text
 HQ, HKV, D = 24, 4, 256
 BATCHES = (1, 4, 16, 64)
 CTXS = (4096, 8192, 16384, 32768)
-BLOCK = {"bf16": 784, "8bit": 1552}
+BLOCK = {"bf16": 784, "fp8": 1552, "int8": 1664}  # Qwen3.5-27B's pages per cache kind (patch 0002)
 DTYPES = ("bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth")
 SCALE = 1.0 / 16
 DEV = "cuda"
@@ -69,7 +70,7 @@ def dry_run_setup():
     """--dry-run: the whole flow on the CPU (Triton interpreter, no graphs) at toy shapes, to check
     the script itself before spending GPU time. Numbers from it mean nothing."""
     global HQ, HKV, D, BATCHES, CTXS, BLOCK, SCALE, DEV, SWEEP_SHAPES, SPLIT_SHAPES, launch_grid
-    HQ, HKV, D, BATCHES, CTXS, BLOCK, DEV = 6, 2, 32, (1, 2), (40, 100), {"bf16": 48, "8bit": 32}, "cpu"
+    HQ, HKV, D, BATCHES, CTXS, BLOCK, DEV = 6, 2, 32, (1, 2), (40, 100), {"bf16": 48, "fp8": 32, "int8": 32}, "cpu"
     SCALE = D**-0.5
     SWEEP_SHAPES, SPLIT_SHAPES = ((1, 100),), ((2, 40),)
     grid = [dict(BLOCK_N=16, num_warps=4, num_stages=1), dict(BLOCK_N=32, num_warps=4, num_stages=1)]
@@ -143,31 +144,36 @@ def copy_bandwidth():
 
 
 class Pools:
-    """One bf16 page pool and one per-token-head uint8 pool, each big enough for 64 x 32K tokens."""
+    """One bf16 page pool and one per-token-head uint8 pool per 8-bit page size (BLOCK), each big enough for
+    64 x 32K tokens."""
 
     def __init__(self):
         max_tokens = max(BATCHES) * max(CTXS)
         nb16 = max(BATCHES) * math.ceil(max(CTXS) / BLOCK["bf16"])
         self.kv16 = torch.randn(nb16, 2, BLOCK["bf16"], HKV, D, dtype=torch.bfloat16, device=DEV)
-        nb8 = max(BATCHES) * math.ceil(max(CTXS) / BLOCK["8bit"])
-        self.kv8 = torch.randint(0, 256, kv_cache_shape(nb8, BLOCK["8bit"], HKV, D), dtype=torch.uint8, device=DEV)
-        self.kv8 &= 0x77  # no fp8 NaN codes (0x7F / 0xFF)
-        k_codes, v_by_token, k_scales, v_scales = split_kv_cache(self.kv8, D, "fp8")
+        self.kv8 = {bs: self._pool8(bs) for bs in sorted({BLOCK["fp8"], BLOCK["int8"]})}
+        self.max_tokens = max_tokens
+
+    @staticmethod
+    def _pool8(bs):
+        """(pool, (K codes, K scales, V scales), V views): one pool of random codes serves every 8-bit kind and V
+        layout of its page size (timing only): V as an fp8 cache stores it (by token) and as an int8 cache does (by
+        dim, tokens contiguous)."""
+        nb8 = max(BATCHES) * math.ceil(max(CTXS) / bs)
+        kv8 = torch.randint(0, 256, kv_cache_shape(nb8, bs, HKV, D), dtype=torch.uint8, device=DEV)
+        kv8 &= 0x77  # no fp8 NaN codes (0x7F / 0xFF)
+        k_codes, v_by_token, k_scales, v_scales = split_kv_cache(kv8, D, "fp8")
         k_scales.copy_(torch.rand(k_scales.shape, device=DEV) * 9e-3 + 1e-3)
         v_scales.copy_(torch.rand(v_scales.shape, device=DEV) * 9e-3 + 1e-3)
-        self.views8 = (k_codes, k_scales, v_scales)
-        # one pool of random codes serves every 8-bit kind and V layout (timing only): V as an fp8 cache stores it
-        # (by token) and as an int8 cache does (by dim, tokens contiguous)
-        self.v_views = {"token": v_by_token, "dim": split_kv_cache(self.kv8, D, "int8")[1]}
-        self.max_tokens = max_tokens
+        return kv8, (k_codes, k_scales, v_scales), {"token": v_by_token, "dim": split_kv_cache(kv8, D, "int8")[1]}
 
     def case(self, dtype, batch, ctx, seed=0, v_layout=None, lens=None):
         """v_layout: "token" / "dim" reads the 8-bit V as if stored that way; None as the dtype's cache stores it.
         lens: (mode, fraction) of --lens; None: every sequence ctx tokens."""
-        kind = "bf16" if dtype == "bf16" else "8bit"
+        kind = dtype.split("_")[0]  # bf16, fp8, int8
         bs = BLOCK[kind]
         nblk = math.ceil(ctx / bs)
-        pool_blocks = (self.kv16 if kind == "bf16" else self.kv8).shape[0]
+        pool_blocks = (self.kv16 if kind == "bf16" else self.kv8[bs][0]).shape[0]
         g = torch.Generator(device=DEV).manual_seed(seed)
         bt = torch.randperm(pool_blocks, device=DEV, generator=g)[: batch * nblk].view(batch, nblk).to(torch.int32)
         q = torch.randn(batch, HQ, D, dtype=torch.bfloat16, device=DEV, generator=g)
@@ -178,8 +184,8 @@ class Pools:
             k, v = self.kv16.unbind(1)
             c.update(k=k, v=v, kv_bytes=sum(lengths) * HKV * D * 2 * 2)
         else:
-            k, ks, vs = self.views8
-            v = self.v_views[v_layout or native_v_layout(dtype)]
+            _, (k, ks, vs), v_views = self.kv8[bs]
+            v = v_views[v_layout or native_v_layout(dtype)]
             c.update(k=k, v=v, k_scales=ks, v_scales=vs, kv_quant=dtype.split("_")[0],
                      software_fp8=dtype.endswith("_sw"), kv_bytes=sum(lengths) * HKV * (D + 4) * 2)
         return c
@@ -614,9 +620,9 @@ def main(argv=None):
                     "the ctx column is then the longest, GB/s counts the bytes of the actual lengths")
     ap.add_argument("--compare", metavar="JSON", help="an earlier run's JSON (e.g. the kernel before a change, run "
                     "in the same call): the summary gives this run's time over its time per dtype")
-    ap.add_argument("--block-8bit", type=int, metavar="N", help="tokens per page of the 8-bit caches, a positive "
-                    "multiple of 16 (default Qwen3.5-27B's 1552: an int8 cache's V row of a dim then starts 16 x dim "
-                    "bytes off a 128-byte line)")
+    ap.add_argument("--block-8bit", type=int, metavar="N", help="tokens per page of both 8-bit caches, a positive "
+                    "multiple of 16 (default Qwen3.5-27B's: fp8 1552, int8 1664, where 1552 would start an int8 "
+                    "cache's V row of a dim 16 x dim bytes off a 128-byte line)")
     args = ap.parse_args(argv)
     if args.block_8bit is not None and (args.block_8bit < 16 or args.block_8bit % 16):
         sys.exit(f"error: --block-8bit wants a positive multiple of 16; got {args.block_8bit}")
@@ -690,7 +696,7 @@ def main(argv=None):
     BATCHES = shape_filter.get("batches", BATCHES)
     CTXS = shape_filter.get("ctxs", CTXS)
     if args.block_8bit is not None:
-        BLOCK["8bit"] = args.block_8bit
+        BLOCK["fp8"] = BLOCK["int8"] = args.block_8bit
     launch_params.get_params(launch_params.current_target())  # bad VLLM_DCU_DECODE_PARAMS fails here, once
     t_start = time.time()
     os.makedirs(args.out, exist_ok=True)
