@@ -47,9 +47,10 @@ Batch 1, per program (a %globaltimer timeline of every program, bench/results/20
 seq_len then the block table take ~1.2 us, the first tile is in shared memory ~2.9 us after its copies go out (later
 tiles every ~2 us, the copy bandwidth's share), the last tile's products and the store take ~2 us, and stage 2 with the
 two kernel boundaries ~3.9 us. q loads with seq_len (after the ring's first copies it had queued behind them and held
-the first tile up by ~1.2 us): fp8 0.58 / int8 0.62x bf16 at 1 x 16K, 0.55 / 0.61x at 32K. int8 reads a tile ~20%
-slower than fp8 (2.4 against 2.0 us per 64 KB per program): with 1536-token pages, where each dim row's 128-byte run
-starts on a line, it reads at fp8's rate (2.1 us).
+the first tile up by ~1.2 us). int8 read a tile ~20% slower than fp8 (2.4 against 2.0 us per 64 KB per program) on
+1552-token pages, where each dim's 128-byte V run starts 16 x dim bytes off a line; its pages now hold a multiple of
+128 tokens (kv_quant.layout.PAGE_ALIGN_TOKENS; Qwen3.5-27B 1664), 0.95x its time. x bf16 at 1 x 16K / 32K: fp8 0.58 /
+0.55, int8 0.61 / 0.56; batch 64 0.53 / 0.54-0.55 (same file, call 8).
 
 Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes with
 V by token (head_dim contiguous) or int8 codes with V by dim (tokens contiguous), head_dim 256 (the one shape the GPU
@@ -309,7 +310,7 @@ if GLUON:
         # q's load goes out now, with seq_len's. Issued after the ring's first copies, it queued behind their 64 KB
         # per program and arrived after the first tile, which then waited on q's conversion (H200, batch 1 x 16K:
         # q at 5.1 us into the kernel, the first tile used at 5.3; from here q at 2.7, the tile at 4.1). H200, before /
-        # after / before in one call: 0.92-0.97x the time at batch 1, 0.97-0.99x at batch 4, 0.99-1.02x from 16
+        # after / before in one call: 0.92-0.99x the time at batch 1, 0.97-0.99x at batch 4, 0.99-1.02x from 16
         # (bench/results/2026-12-04-h200-session24.md)
         q_blk: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, NUM_WARPS], [0, 1])
         qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, q_blk))

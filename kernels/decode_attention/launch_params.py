@@ -172,8 +172,9 @@ PARAMS = {
         # output tok/s, TPOT P99 0.20x, the engine equivalence test passes (bench/results/2026-12-04-h200-session23.md).
         # int8 caches (V by dim) take it too: 0.61-0.65 / 0.51-0.53 / 0.53-0.54 / 0.58-0.60x bf16 at 16-32K, 0.95x the
         # int8 x int8 Triton launch's time (calls 6-7). Short pages keep the Triton launch above. Twenty-fourth session:
-        # the Gluon stage 1 loads q with seq_len, 0.92-0.97x its time at batch 1 (fp8 0.58 / int8 0.62x bf16 at 1 x 16K;
-        # bench/results/2026-12-04-h200-session24.md)
+        # the Gluon stage 1 loads q with seq_len, 0.92-0.99x its time at batch 1; with int8 pages of 1664 tokens (patch
+        # 0002) fp8 / int8 take 0.58 / 0.61x bf16's time at 1 x 16K, 0.53 / 0.54-0.55x at batch 64
+        # (bench/results/2026-12-04-h200-session24.md)
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
                 "split_round": "down", "int8_qk": 1, "even_splits": 1, "balance": 1,
                 "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
