@@ -35,7 +35,7 @@ V_BY_DIM = frozenset({"int8"})
 # the larger of it and the backend's 16): an int8 page holds each dim's V codes as a row of block_size bytes, and a
 # multiple of 128 tokens starts every row on a 128-byte line. Qwen3.5-27B: 1664-token int8 pages instead of 1552,
 # whose rows start 16 x dim bytes off a line; H200 decode kernel, int8 at 1664 against 1552 tokens per page in one
-# call: 0.95x the time, 0.55-0.57x bf16 at batch 64 and 16-32K against 0.59-0.62x
+# call: 0.95x the time (the Triton kernel, the DCU's: 0.90x), 0.54-0.55x bf16 at batch 64 and 16-32K against 0.58-0.60x
 # (bench/results/2026-12-04-h200-session24.md). The cost: GDN state pages padded to the attention page (7.9% over the
 # 3,207,168 B a state needs, against 0.7% at 1552)
 PAGE_ALIGN_TOKENS = {"int8": 128}
