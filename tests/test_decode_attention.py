@@ -842,8 +842,8 @@ def _kv8_scored(*rows):
 
 
 def test_bench_pages_the_8bit_caches_with_block_8bit_tokens(tmp_path, monkeypatch):
-    # --block-8bit: the 8-bit caches' page (int8 V rows by dim start on a line when it is a multiple of 128 bytes);
-    # bf16 keeps its own
+    # --block-8bit: both 8-bit caches' page in tokens (an int8 cache's V rows by dim start on a line when it is a
+    # multiple of 128); bf16 keeps its own
     report, md = bench_dry_run(tmp_path, monkeypatch, "--quick", "--kv8-dtypes", "int8_pth", "--batches", "1",
                                "--ctxs", "100", "--block-8bit", "64")
     assert {(r["dtype"], r["block_size"]) for r in report["rows"]} == {("bf16", 48), ("int8_pth", 64)}
