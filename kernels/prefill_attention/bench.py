@@ -4,11 +4,11 @@
         [--chunk 4096] [--quick] [--kv bf16,int8,...] [--dry-run]
 
 One sequence's prefill chunk (default 4096 tokens, the contest's --max-num-batched-tokens) after ``history`` cached
-tokens, 24 q / 4 kv heads x 256, pages of 784 tokens (bf16) or 1552 (8-bit; int8 pages hold V by dim, as the
-engine's do: kv_quant/layout.py V_BY_DIM), scattered over the cache. Every call is captured in a CUDA graph and
-replayed (median of triton.testing.do_bench). TFLOP/s counts the causal work once: 4 * q_heads * head_dim * (chunk
-* history + chunk * (chunk + 1) / 2). The dense bf16 GEMM rate (8192^3 torch.matmul) is measured in the same run and
-every kernel is reported as a share of it.
+tokens, 24 q / 4 kv heads x 256, pages of 784 tokens (bf16), 1552 (fp8) or 1664 (int8: its pages hold V by dim and a
+multiple of 128 tokens, as the engine's do: kv_quant/layout.py V_BY_DIM, PAGE_ALIGN_TOKENS), scattered over the cache.
+Every call is captured in a CUDA graph and replayed (median of triton.testing.do_bench). TFLOP/s counts the causal
+work once: 4 * q_heads * head_dim * (chunk * history + chunk * (chunk + 1) / 2). The dense bf16 GEMM rate (8192^3
+torch.matmul) is measured in the same run and every kernel is reported as a share of it.
 
 Baselines come from ``--ua-file``: the series' triton_unified_attention.py without patch 0006 (0.18.1's kernel
 with patch 0002's 8-bit path and patch 0005's tile settings), loaded with stand-ins for its vLLM imports, once
@@ -43,7 +43,7 @@ from . import launch_params
 from .prefill_attention import MIRROR_DEFAULT_TOKENS, MIRROR_ENV, MIRROR_PAGE, prefill_attention
 
 HQ, HKV, D = 24, 4, 256
-BLOCK = {"bf16": 784, "int8": 1552, "fp8": 1552}
+BLOCK = {"bf16": 784, "int8": 1664, "fp8": 1552}  # the engine's pages for Qwen3.5-27B (patch 0002)
 DEV = "cuda"
 # name -> (kv quant kind, software e4m3 decode, mirror tokens: None = the default, 0 = read the 8-bit cache directly)
 DTYPES = {"bf16": (None, False, None), "int8": ("int8", False, None), "fp8_hw": ("fp8", False, None),
