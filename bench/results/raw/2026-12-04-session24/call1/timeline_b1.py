@@ -19,7 +19,7 @@ DA = importlib.import_module("kernels.decode_attention.decode_attention")  # the
 from kernels.decode_attention import launch_params  # noqa: E402
 from kernels.decode_attention import gluon_stage1 as G  # noqa: E402
 
-OUT = os.environ.get("OUT", "/tmp/out")
+OUT = os.environ.get("OUT") or sys.exit("error: set OUT to the folder for timeline.json (jobs.py sets it per job)")
 CASES = [("fp8_pth_hw", 1, 4096), ("fp8_pth_hw", 1, 16384), ("fp8_pth_hw", 1, 32768), ("int8_pth", 1, 16384)]
 if os.environ.get("TIMELINE_CASES"):  # JSON list of [dtype, batch, ctx, options]; options: same_pages (every call of the
     # graph on the first call's pages: translations and lines warm), block_size (the 8-bit pages' tokens)
