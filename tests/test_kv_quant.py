@@ -71,6 +71,24 @@ def test_split_kv_cache_views_cover_codes_then_scales_of_each_region(kind):
         assert torch.equal(scales.reshape(nb, -1).view(torch.uint8), region[:, bs * h * d :])
 
 
+@pytest.mark.parametrize("block_size,aligned", [(1664, True), (1552, False), (1536, True)])
+def test_int8_pages_of_128_token_multiples_start_every_v_row_on_a_128_byte_line(block_size, aligned):
+    # kv_quant.layout.PAGE_ALIGN_TOKENS: an int8 page holds each (head, dim)'s V codes as a row of block_size bytes;
+    # Qwen3.5-27B's 1552-token pages (16-token rounding) start them 16 x dim bytes off a line, 1664 (128) on one
+    from kernels.kv_quant.layout import kv_page_alignment_tokens
+
+    align = kv_page_alignment_tokens("int8_per_token_head")
+    assert align == 128 and kv_page_alignment_tokens("fp8_per_token_head") == 1
+    assert kv_page_alignment_tokens("auto") == 1
+    assert (block_size % align == 0) == aligned
+    h, d = 4, 256
+    cache = torch.empty(kv_cache_shape(2, block_size, h, d), dtype=torch.uint8)
+    v_codes = split_kv_cache(cache, d, "int8")[1]  # [blocks, block_size, H, D], tokens contiguous
+    base = cache.data_ptr()
+    starts = [v_codes[b, 0, hh, dd].data_ptr() - base for b in range(2) for hh in range(h) for dd in range(d)]
+    assert all(s % 128 == 0 for s in starts) == aligned
+
+
 def test_split_kv_cache_needs_the_kind():
     with pytest.raises(ValueError, match="kv_quant must be one of"):
         split_kv_cache(torch.zeros(2, 2, 4, 2, 12, dtype=torch.uint8), 8, "int4")
