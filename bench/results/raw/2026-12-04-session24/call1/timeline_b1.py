@@ -3,7 +3,8 @@
 Runs with call1/timeline.diff applied (it adds TIMELINE stamps to the Gluon stage 1 and to stage 2: %globaltimer and
 %clock64 after each dependent step). Each case is a CUDA graph of 8 calls on different pages, as bench.py times them;
 every call writes its own timeline buffers, and the last replay's are read. Prints a table per case and writes
-timeline.json under $OUT. Run from the repository root:  python bench/results/raw/2026-12-04-session24/call1/timeline_b1.py
+timeline.json under $OUT. Run from the repository root:
+    python bench/results/raw/2026-12-04-session24/call1/timeline_b1.py
 """
 import importlib
 import json
@@ -15,13 +16,14 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 from kernels.decode_attention import bench as B  # noqa: E402
-DA = importlib.import_module("kernels.decode_attention.decode_attention")  # the module (the package exports the function)
+# the module (the package exports the function of the same name)
+DA = importlib.import_module("kernels.decode_attention.decode_attention")
 from kernels.decode_attention import launch_params  # noqa: E402
 from kernels.decode_attention import gluon_stage1 as G  # noqa: E402
 
 OUT = os.environ.get("OUT") or sys.exit("error: set OUT to the folder for timeline.json (jobs.py sets it per job)")
 CASES = [("fp8_pth_hw", 1, 4096), ("fp8_pth_hw", 1, 16384), ("fp8_pth_hw", 1, 32768), ("int8_pth", 1, 16384)]
-if os.environ.get("TIMELINE_CASES"):  # JSON list of [dtype, batch, ctx, options]; options: same_pages (every call of the
+if os.environ.get("TIMELINE_CASES"):  # JSON list of [dtype, batch, ctx, options]; options: same_pages (each call of the
     # graph on the first call's pages: translations and lines warm), block_size (the 8-bit pages' tokens)
     CASES = [tuple(c) for c in json.loads(os.environ["TIMELINE_CASES"])]
 # launch variants (VLLM_DCU_DECODE_PARAMS over sm90's entry): the entry, then ones the timeline suggests
@@ -30,6 +32,13 @@ CALLS = 8
 NW = 20  # tile waits stamped
 P1 = ["entry", "seq_len", "block_table", "q"] + [f"w{j}" for j in range(NW)] + ["l_sum", "acc", "end"]
 P2 = ["entry", "n_splits", "merged", "end"]
+
+
+def _set_pages(bs):
+    """The bench's 8-bit page in tokens: one BLOCK key ("8bit") when this ran, one per kind since b8b6f65."""
+    for key in ("8bit", "fp8", "int8"):
+        if key in B.BLOCK:
+            B.BLOCK[key] = bs
 
 
 def graph(fns, bufs1=None, bufs2=None):
@@ -66,19 +75,20 @@ def med(xs):
 
 
 def main():
-    pools = B.Pools()  # BLOCK['8bit'] tokens per 8-bit page
+    _set_pages(1552)
+    pools = B.Pools()
     results = []
-    pools_by_bs = {B.BLOCK["8bit"]: pools}
+    pools_by_bs = {1552: pools}
     for (label, override), case_spec in [(v, c) for v in VARIANTS.items() for c in CASES]:
         dtype, batch, ctx = case_spec[:3]
         opts = case_spec[3] if len(case_spec) > 3 else {}
         bs = opts.get("block_size", 1552)
         if bs not in pools_by_bs:
-            B.BLOCK["8bit"] = bs
+            _set_pages(bs)
             pools_by_bs.clear()  # one extra pool at a time (GPU memory)
             torch.cuda.empty_cache()
             pools_by_bs[bs] = B.Pools()
-        B.BLOCK["8bit"] = bs
+        _set_pages(bs)
         pool = pools_by_bs[bs]
         if override is None:
             os.environ.pop(launch_params.ENV_VAR, None)
@@ -131,7 +141,8 @@ def main():
             calls.append(dict(call=i, programs=len(progs), working=len(working), sms=sms, tiles=tiles, mhz=mhz,
                               stage1=pts, stage2=pts2, next_call=(nxt - g0) / 1e3, steps=steps,
                               ticks=sorted(set((r[0] % 1000) for r in progs))[:8]))
-        results.append(dict(variant=label, override=override, dtype=dtype, batch=batch, ctx=ctx, opts=opts, us_plain=plain,
+        results.append(dict(variant=label, override=override, dtype=dtype, batch=batch, ctx=ctx, opts=opts,
+                            us_plain=plain,
                             us_stamped=stamped, calls=calls))
         print(f"[{label}] {dtype} {batch}x{ctx} {opts}: {plain:.1f} us plain, {stamped:.1f} us stamped", flush=True)
     os.makedirs(OUT, exist_ok=True)
@@ -140,7 +151,8 @@ def main():
     os.replace(os.path.join(OUT, "timeline.json.tmp"), os.path.join(OUT, "timeline.json"))
     # table: medians over the 6 inner calls of each point's median (us from the call's first stage-1 entry)
     for r in results:
-        print(f"\n## [{r['variant']}] {r['dtype']} batch {r['batch']} x {r['ctx']} {r['opts']}: {r['us_plain']:.1f} us/call plain, "
+        print(f"\n## [{r['variant']}] {r['dtype']} batch {r['batch']} x {r['ctx']} {r['opts']}: "
+              f"{r['us_plain']:.1f} us/call plain, "
               f"{r['us_stamped']:.1f} stamped; {r['calls'][0]['programs']} programs on {r['calls'][0]['sms']} SMs, "
               f"tiles per program {r['calls'][0]['tiles']}, SM clock ~{r['calls'][0]['mhz']:.0f} MHz, "
               f"globaltimer low digits {r['calls'][0]['ticks']}")
