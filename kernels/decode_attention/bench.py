@@ -144,14 +144,14 @@ def copy_bandwidth():
 
 
 class Pools:
-    """One bf16 page pool and one per-token-head uint8 pool per 8-bit page size (BLOCK), each big enough for
-    64 x 32K tokens."""
+    """One bf16 page pool and one per-token-head uint8 pool per 8-bit page size (BLOCK) a timed kind uses, made on
+    its first case, each big enough for 64 x 32K tokens."""
 
     def __init__(self):
         max_tokens = max(BATCHES) * max(CTXS)
         nb16 = max(BATCHES) * math.ceil(max(CTXS) / BLOCK["bf16"])
         self.kv16 = torch.randn(nb16, 2, BLOCK["bf16"], HKV, D, dtype=torch.bfloat16, device=DEV)
-        self.kv8 = {bs: self._pool8(bs) for bs in sorted({BLOCK["fp8"], BLOCK["int8"]})}
+        self.kv8 = {}  # page size -> _pool8's
         self.max_tokens = max_tokens
 
     @staticmethod
@@ -173,6 +173,8 @@ class Pools:
         kind = dtype.split("_")[0]  # bf16, fp8, int8
         bs = BLOCK[kind]
         nblk = math.ceil(ctx / bs)
+        if kind != "bf16" and bs not in self.kv8:
+            self.kv8[bs] = self._pool8(bs)
         pool_blocks = (self.kv16 if kind == "bf16" else self.kv8[bs][0]).shape[0]
         g = torch.Generator(device=DEV).manual_seed(seed)
         bt = torch.randperm(pool_blocks, device=DEV, generator=g)[: batch * nblk].view(batch, nblk).to(torch.int32)
