@@ -942,6 +942,21 @@ def test_bench_table_splits_a_call_into_its_stages_when_they_were_timed(monkeypa
     assert bench.stage_times([lambda: None]) == {}
 
 
+def test_bench_profiles_stage_times_after_every_row_is_timed(tmp_path, monkeypatch):
+    # once the profiler has run, later replays in the process cost more: no row may be timed after a profile
+    from kernels.decode_attention import bench
+
+    events = []
+    real = bench.time_graph
+    monkeypatch.setattr(bench, "time_graph", lambda fn, *a, **k: events.append("time") or real(fn, *a, **k))
+    monkeypatch.setattr(bench, "stage_times", lambda fns, reps=20: events.append("profile") or {"stage1_us": 1.5})
+    report, md = bench_dry_run(tmp_path, monkeypatch, "--quick", "--stage-times", "--kv8-dtypes", "int8_pth",
+                               "--batches", "1,2", "--ctxs", "40")
+    rows = report["rows"]
+    assert len(rows) == 4 and events == ["time"] * 4 + ["profile"] * 4
+    assert all(r["stage1_us"] == 1.5 for r in rows) and "| stage 1 us |" in md
+
+
 def test_bench_compare_rejects_a_file_that_is_not_a_bench_json(tmp_path):
     from kernels.decode_attention import bench
 
