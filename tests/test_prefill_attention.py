@@ -552,11 +552,16 @@ def test_bench_dry_run_writes_its_table(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-m", "kernels.prefill_attention.bench", "--dry-run", "--quick",
                            "--ua-file", str(ua), "--history", "0,40", "--chunk", "20", "--kv", "bf16,int8",
-                           "--out", str(tmp_path)], cwd=Path(__file__).resolve().parents[1], env=env,
-                          capture_output=True, text=True, timeout=600)
+                           "--block-8bit", "64", "--out", str(tmp_path)], cwd=Path(__file__).resolve().parents[1],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(next(tmp_path.glob("*-prefill-attention-dry-run.json")).read_text())
     assert [(r["history"], r["kv"]) for r in doc["rows"]] == [(0, "bf16"), (0, "int8"), (40, "bf16"), (40, "int8")]
+    assert doc["block_sizes"] == {"bf16": 32, "int8": 64, "fp8": 64}  # the dry run pages bf16 with 32
+    odd = subprocess.run([sys.executable, "-m", "kernels.prefill_attention.bench", "--dry-run", "--block-8bit", "40"],
+                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True)
+    assert odd.returncode != 0 and odd.stderr.strip().splitlines() == [
+        "error: --block-8bit wants a positive multiple of 16; got 40"]
     bad = subprocess.run([sys.executable, "-m", "kernels.prefill_attention.bench", "--dry-run", "--kv", "int8"],
                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "must include bf16" in bad.stderr

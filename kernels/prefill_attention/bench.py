@@ -1,11 +1,12 @@
 """Microbenchmark: prefill attention kernel vs vLLM 0.18.1's unified attention, one Qwen3.5-27B layer.
 
     python -m kernels.prefill_attention.bench --ua-file FILE [--out DIR] [--history 0,4096,16384,32768]
-        [--chunk 4096] [--quick] [--kv bf16,int8,...] [--dry-run]
+        [--chunk 4096] [--quick] [--kv bf16,int8,...] [--block-8bit N] [--dry-run]
 
 One sequence's prefill chunk (default 4096 tokens, the contest's --max-num-batched-tokens) after ``history`` cached
 tokens, 24 q / 4 kv heads x 256, pages of 784 tokens (bf16), 1552 (fp8) or 1664 (int8: its pages hold V by dim and a
-multiple of 128 tokens, as the engine's do: kv_quant/layout.py V_BY_DIM, PAGE_ALIGN_TOKENS), scattered over the cache.
+multiple of 128 tokens, as the engine's do: kv_quant/layout.py V_BY_DIM, PAGE_ALIGN_TOKENS; --block-8bit N pages both
+8-bit kinds with N), scattered over the cache.
 Every call is captured in a CUDA graph and replayed (median of triton.testing.do_bench). TFLOP/s counts the causal
 work once: 4 * q_heads * head_dim * (chunk * history + chunk * (chunk + 1) / 2). The dense bf16 GEMM rate (8192^3
 torch.matmul) is measured in the same run and every kernel is reported as a share of it.
@@ -224,12 +225,16 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int, default=None, help="query chunk (default 4096; --dry-run: 20)")
     ap.add_argument("--quick", action="store_true", help="no sweep: the launch_params table's entry")
     ap.add_argument("--kv", default=",".join(DTYPES), help=f"KV variants to time (default all: {','.join(DTYPES)})")
+    ap.add_argument("--block-8bit", type=int, metavar="N", help="tokens per page of both 8-bit caches, a positive "
+                    "multiple of 16 (default the engine's Qwen3.5-27B pages: fp8 1552, int8 1664)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, toy shapes, Triton interpreter")
     a = ap.parse_args(argv)
     if a.history is None:
         a.history = "0,40" if a.dry_run else "0,4096,16384,32768"
     if a.chunk is None:
         a.chunk = 20 if a.dry_run else 4096
+    if a.block_8bit is not None and (a.block_8bit < 16 or a.block_8bit % 16):
+        sys.exit(f"error: --block-8bit wants a positive multiple of 16; got {a.block_8bit}")
     histories = [int(x) for x in a.history.split(",")]
     kvs = [x for x in a.kv.split(",") if x]
     if not kvs or set(kvs) - set(DTYPES) or "bf16" not in kvs:
@@ -241,6 +246,8 @@ def main(argv=None):
         dry_run_setup()
     elif not torch.cuda.is_available():
         sys.exit("error: no GPU (use --dry-run to check the script on the CPU)")
+    if a.block_8bit is not None:
+        BLOCK["int8"] = BLOCK["fp8"] = a.block_8bit
     if a.ua_file and not os.path.isfile(a.ua_file):
         sys.exit(f"error: --ua-file {a.ua_file} is not a file")
     lines = []
@@ -318,7 +325,7 @@ def main(argv=None):
     suggested = {"measured": True, "kv16": best["kv16"], "kv8": best["kv8"]}
     md += ["", f"Suggested launch_params entry for {target}: `{suggested}`"]
     doc = dict(command=cmd, gpu=gpu, gemm_tflops=gemm, chosen=best, rows=rows, suggested_entry=suggested,
-               target=target)
+               target=target, block_sizes=dict(BLOCK))
     path = write_result_pair(a.out, stem, doc, md)
     print("\n".join(md[:md.index("Log:")]))  # the tables and the error lines
     print(f"wrote {path}")
