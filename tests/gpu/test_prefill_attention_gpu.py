@@ -1,9 +1,9 @@
 """Prefill attention on a GPU at Qwen3.5-27B shapes (24 q / 4 kv heads x 256), against a float64 reference.
 
 Chunk lengths 1, 17, 4095 and 4096; histories off the page grid; several prefills and decodes in one batch;
-shuffled pages of 784 (bf16) and 1552 (8-bit) tokens; bf16, int8 and fp8 (hardware and software e4m3) caches,
-through the 16-bit mirror and read directly, with V as the 8-bit cache stores it (int8 by dim, fp8 by token) and
-copied the other way (the same output bit for bit);
+shuffled pages of the engine's Qwen3.5-27B sizes (784 bf16, 1552 fp8, 1664 int8; int8 at 1552 too); bf16, int8 and
+fp8 (hardware and software e4m3) caches, through the 16-bit mirror and read directly, with V as the 8-bit cache
+stores it (int8 by dim, fp8 by token) and copied the other way (the same output bit for bit);
 finite outputs for extreme finite inputs; the router's warmup compiles the only specialization, so varied
 batches afterwards compile nothing; the engine's mirror (reserved with the model) holds a sequence of
 max_model_len, or startup fails naming the knobs. Tolerances as in tests/test_prefill_attention.py (P and the output are
@@ -26,7 +26,7 @@ pa_module = importlib.import_module("kernels.prefill_attention.prefill_attention
 
 HQ, HKV, D = 24, 4, 256
 DEV = "cuda"
-BLOCK = {None: 784, "int8": 1552, "fp8": 1552}
+BLOCK = {None: 784, "int8": 1664, "fp8": 1552}  # the engine's pages (patch 0002; tests/test_kv_cache_dtype_config.py)
 
 
 def make_case(chunks, kv_quant=None, seed=0, block_size=None, q_mag=1.0, k_mag=2.0, v_mag=1.0):
@@ -92,6 +92,14 @@ def test_8bit_chunks_match_dequantized_reference(kv_quant, software, mirror):
     check(run(case, software_fp8=software, mirror=mirror), case)
 
 
+@pytest.mark.parametrize("mirror", [None, 0], ids=["bf16-mirror", "direct"])
+def test_int8_on_pages_that_are_not_a_multiple_of_128_tokens(mirror):
+    # 1552-token pages (int8's before patch 0002 rounded them to 128 tokens): the direct path's windows of 128
+    # contiguous slots leave 16 per page, and V's dim rows start off the 128-byte lines
+    case = make_case([(4096, 1600), (1, 3200)], kv_quant="int8", seed=2, block_size=1552)
+    check(run(case, mirror=mirror), case)
+
+
 @pytest.mark.parametrize("kv_quant,software", [("int8", False), ("fp8", False), ("fp8", True)])
 def test_8bit_mirror_with_large_keys_in_a_mixed_batch(kv_quant, software):
     # |K| ~3e4 with |V| ~1e5: the long chunk through the mirror (K codes in q's bf16, page-run key tiles), beside a
@@ -152,7 +160,7 @@ def test_8bit_values_across_the_range(kv_quant, v_mag):
 def test_8bit_all_zero_v_tiles_after_large_v_stay_finite(kv_quant, mirror):
     # a whole page of all-zero V (scales 0) after |V| ~1e5: finite, and the zero-V keys keep their probability
     case = make_case([(512, 3000)], kv_quant=kv_quant, seed=6, v_mag=1e5)
-    page = case["table"][0, 1]  # tokens 1552-3103: whole key tiles of zero V inside the history
+    page = case["table"][0, 1]  # the second page (int8 tokens 1664-3327, fp8 1552-3103): whole key tiles of zero V
     case["v"][page].zero_()
     case["v_scales"][page].zero_()
     check(run(case, mirror=mirror), case, rel_tol=1e-2)
