@@ -9,8 +9,8 @@ is shared), but the tile loop is laid out by hand where Triton's choices cost th
 - q^T (fp16, scaled by a power of two as the Triton kernel does) stays in registers as the B operand for the whole
   loop; Triton re-reads q from shared memory for every tile.
 - Each tile's K codes (token rows), V codes and the tile's K / V scales stream through a ``num_stages``-deep ring in
-  shared memory by cp.async, 16 bytes per lane; the next tile's pages are read from the block table a page ahead,
-  so no load's address waits on a load.
+  shared memory by cp.async, 16 bytes per lane, in two groups per tile (K's codes and the scales, then V's codes);
+  the next tile's pages are read from the block table a page ahead, so no load's address waits on a load.
 - K's codes go from shared memory straight into the A operand with 8 consecutive reduction elements per thread (one
   8-byte ld.shared; q^T takes the same k order, so the sum is unchanged), are converted there in registers (PTX
   e4m3 in hardware or with integer ops; int8 as the Triton kernel's PTX does, value / 128) and feed fp16 mma_v2
@@ -49,8 +49,11 @@ tiles every ~2 us, the copy bandwidth's share), the last tile's products and the
 two kernel boundaries ~3.9 us. q loads with seq_len (after the ring's first copies it had queued behind them and held
 the first tile up by ~1.2 us). int8 read a tile ~20% slower than fp8 (2.4 against 2.0 us per 64 KB per program) on
 1552-token pages, where each dim's 128-byte V run starts 16 x dim bytes off a line; its pages now hold a multiple of
-128 tokens (kv_quant.layout.PAGE_ALIGN_TOKENS; Qwen3.5-27B 1664), 0.95x its time. x bf16 at 1 x 16K / 32K: fp8 0.58 /
-0.55, int8 0.61 / 0.56; batch 64 0.53 / 0.54-0.55 (same file, call 8).
+128 tokens (kv_quant.layout.PAGE_ALIGN_TOKENS; Qwen3.5-27B 1664), 0.95x its time. A tile's copies go out as two
+groups, K's codes with both scales, then V's codes, and a tile waits for its V only before P x V: its scores, softmax
+and P run while V lands, which shortens the first tile's wait and the last tile's exposed products. H200, before /
+after / before / after in one call (bench/results/2026-12-04-h200-session25.md): 0.93-0.97x the time at batch 1,
+0.97-1.01x at batch 4-64; x bf16 at 1 x 16K: fp8 0.56, int8 0.57-0.59 (0.60-0.61 before, same call).
 
 Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes with
 V by token (head_dim contiguous) or int8 codes with V by dim (tokens contiguous), head_dim 256 (the one shape the GPU
@@ -151,7 +154,9 @@ if GLUON:
     def _issue(k_ring, v_ring, ks_ring, vs_ring, slot, tile, off, phys0, phys1, seq_len, block_size,
                k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd, stride_ksb,
                stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N: gl.constexpr, V_BY_DIM: gl.constexpr):
-        """cp.async of tile ``tile`` (first slot ``off`` of page phys0) into ring slot ``slot``; the caller commits.
+        """cp.async of tile ``tile`` (first slot ``off`` of page phys0) into ring slot ``slot`` as two groups: K's codes
+        and both scales (committed here), then V's codes (the caller commits), so a tile's scores and P can be worked
+        out while its V lands.
         Two base addresses per tensor (the tile's part of its page and of the next one, phys1); a row takes the
         second past the page's end. Rows and scales past the sequence's last token are not read (zero-filled; their
         scores are -inf in the last tile). V by token: its rows as int16 pairs (vr: the tile's rows, vc: the row's
@@ -164,6 +169,15 @@ if GLUON:
         k_row = gl.where(kr >= split_at, k_base1, k_base0) + kr * stride_kt
         async_copy.async_copy_global_to_shared(k_ring.index(slot), k_row[:, None] + kc[None, :],
                                                mask=(kr < n_valid)[:, None] & (kc[None, :] >= 0))
+        s_second = sr >= split_at
+        s_slot = gl.where(s_second, sr - block_size, sr) + off
+        async_copy.async_copy_global_to_shared(
+            ks_ring.index(slot), ks_head + gl.where(s_second, phys1, phys0) * stride_ksb + s_slot * stride_kst,
+            mask=sr < n_valid)
+        async_copy.async_copy_global_to_shared(
+            vs_ring.index(slot), vs_head + gl.where(s_second, phys1, phys0) * stride_vsb + s_slot * stride_vst,
+            mask=sr < n_valid)
+        async_copy.commit_group()  # the first group: K's codes and both scales (P' = P x V's scale needs them)
         if V_BY_DIM:
             v_base0 = v_head + phys0 * stride_vb + off
             v_base1 = v_head + phys1 * stride_vb + (off - block_size)
@@ -175,14 +189,6 @@ if GLUON:
             v_row = (gl.where(vr >= split_at, v_base1, v_base0) + vr * stride_vt).to(gl.pointer_type(gl.int16))
             async_copy.async_copy_global_to_shared(v_ring.index(slot), v_row[:, None] + vc[None, :],
                                                    mask=(vr < n_valid)[:, None] & (vc[None, :] >= 0))
-        s_second = sr >= split_at
-        s_slot = gl.where(s_second, sr - block_size, sr) + off
-        async_copy.async_copy_global_to_shared(
-            ks_ring.index(slot), ks_head + gl.where(s_second, phys1, phys0) * stride_ksb + s_slot * stride_kst,
-            mask=sr < n_valid)
-        async_copy.async_copy_global_to_shared(
-            vs_ring.index(slot), vs_head + gl.where(s_second, phys1, phys0) * stride_vsb + s_slot * stride_vst,
-            mask=sr < n_valid)
 
     @gluon.jit
     def _tile_step(i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, qt, s_mult, acc_a, acc_b, m_i,
@@ -200,14 +206,17 @@ if GLUON:
         keys past the end get -inf scores; every other tile lies wholly in the sequence."""
         tile = tile_start + i
         slot = i % NUM_STAGES
-        async_copy.wait_group(NUM_STAGES - 2)
-        gl.thread_barrier()  # every thread's copies of this tile landed; the slot read last iteration is free
+        # two groups per tile (K, then V): all but this tile's V and the later tiles' groups
+        async_copy.wait_group(2 * NUM_STAGES - 3)
+        gl.thread_barrier()  # every thread's K copies of this tile landed; the slot read last iteration is free
         if iss_tile < tile_end:  # a uniform branch: the ring's lead stops at the split's end
             _issue(k_ring, v_ring, ks_ring, vs_ring, (i + NUM_STAGES - 1) % NUM_STAGES, iss_tile, iss_off, iss_phys0,
                    iss_phys1, seq_len, block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb,
                    stride_vt, stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N,
                    V_BY_DIM)
-        async_copy.commit_group()  # empty past the split's end: one group per tile for wait_group's count
+        else:
+            async_copy.commit_group()  # empty past the split's end: two groups per tile for wait_group's count
+        async_copy.commit_group()
         iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
                                                                      iss_phys1, bt_row, last_page, block_size,
                                                                      BLOCK_N)
@@ -229,7 +238,8 @@ if GLUON:
         l_t = l_t * alpha[None, :] + gl.exp2(s - (m_new - _L_SHIFT)[None, :])
         # P^T [BLOCK_N, BLOCK_H] to every warp: through its own buffer, straight into the B operand
         p_smem.store(gl.exp2(t - m_new[None, :]).to(gl.float16))
-        gl.thread_barrier()
+        async_copy.wait_group(2 * NUM_STAGES - 2)  # this tile's V (the later tiles' groups may be in flight)
+        gl.thread_barrier()  # P^T and every thread's V copies
         if V_BY_DIM:  # [HEAD_DIM, BLOCK_N] codes: the halves of head_dim, 8 consecutive tokens per thread
             HALF: gl.constexpr = v_ring.shape[1] // 2
             b_p8: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
@@ -388,6 +398,8 @@ if GLUON:
                        block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt,
                        stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N,
                        V_BY_DIM)
+            else:
+                async_copy.commit_group()
             async_copy.commit_group()
             iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _advance(iss_tile, iss_off, iss_page, iss_phys0,
                                                                          iss_phys1, bt_row, last_page, block_size,

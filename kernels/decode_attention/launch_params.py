@@ -174,7 +174,9 @@ PARAMS = {
         # int8 x int8 Triton launch's time (calls 6-7). Short pages keep the Triton launch above. Twenty-fourth session:
         # the Gluon stage 1 loads q with seq_len, 0.92-0.99x its time at batch 1; with int8 pages of 1664 tokens (patch
         # 0002) fp8 / int8 take 0.58 / 0.61x bf16's time at 1 x 16K, 0.53 / 0.54-0.55x at batch 64
-        # (bench/results/2026-12-04-h200-session24.md)
+        # (bench/results/2026-12-04-h200-session24.md). Twenty-fifth session: a tile's copies in two groups (K with the
+        # scales, then V), V awaited only before P x V: 0.93-0.97x the time at batch 1, int8 / fp8 0.57-0.59 / 0.56x
+        # bf16 at 1 x 16K (bench/results/2026-12-04-h200-session25.md)
         "kv8": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "early_convert": 1, "page_loop": 1,
                 "split_round": "down", "int8_qk": 1, "even_splits": 1, "balance": 1,
                 "int8": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
