@@ -318,8 +318,8 @@ def stage_times(fns, reps=20):
 
 def profile_rows(profiled):
     """--stage-times: each timed row's stage columns, after every row has been timed. Once the profiler has run in
-    a process, each later graph replay costs more (H200, 2026-12-04: +1.5-2.6 us per call at batch 1 and 4 for every
-    row timed after the first profile, so an 8-bit / bf16 ratio there rose by up to 0.03; raw/2026-12-04-session25/
+    a process, each later graph replay costs more (H200, 2026-12-04: +1.7-2.8 us per call at batch 1 for every row
+    timed after the first profile, so an 8-bit / bf16 ratio there rose by up to 0.03; raw/2026-12-04-session25/
     call2, table against after2), and the timed columns must not carry that."""
     for r, run_config, cases in profiled:
         r.update(with_params(run_config, lambda: stage_times([ours_fn(c) for c in cases])))
