@@ -151,9 +151,8 @@ if GLUON:
         return tile + 1, off, page, phys0, phys1
 
     @gluon.jit
-    def _issue(k_ring, v_ring, ks_ring, vs_ring, slot, tile, off, phys0, phys1, seq_len, block_size,
-               k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd, stride_ksb,
-               stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N: gl.constexpr, V_BY_DIM: gl.constexpr):
+    def _issue(ring, slot, tile, off, phys0, phys1, seq_len, block_size, src, lanes, BLOCK_N: gl.constexpr,
+               V_BY_DIM: gl.constexpr):
         """cp.async of tile ``tile`` (first slot ``off`` of page phys0) into ring slot ``slot`` as two groups: K's codes
         and both scales (committed here), then V's codes (the caller commits), so a tile's scores and P can be worked
         out while its V lands.
@@ -161,7 +160,13 @@ if GLUON:
         second past the page's end. Rows and scales past the sequence's last token are not read (zero-filled; their
         scores are -inf in the last tile). V by token: its rows as int16 pairs (vr: the tile's rows, vc: the row's
         pairs); V by dim (int8): 16-token runs of each dim (vr: dims, vc: the tile's slots), which keep the tile's slots
-        past the sequence's end (within its last page: phys1 is clamped to it; finite int8 codes times P' = 0)."""
+        past the sequence's end (within its last page: phys1 is clamped to it; finite int8 codes times P' = 0).
+        ring, src and lanes: the kernel's tuples (the ring's buffers; the head's bases and the strides; the copies'
+        index vectors)."""
+        k_ring, v_ring, ks_ring, vs_ring = ring
+        (k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd, stride_ksb,
+         stride_kst, stride_vsb, stride_vst) = src
+        kr, kc, vr, vc, sr = lanes
         split_at = block_size - off  # rows from here on lie in the next page
         n_valid = seq_len - tile * BLOCK_N  # rows before this lie in the sequence
         k_base0 = k_head + phys0 * stride_kb + off * stride_kt
@@ -192,9 +197,7 @@ if GLUON:
 
     @gluon.jit
     def _tile_step(i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, qt, s_mult, acc_a, acc_b, m_i,
-                   l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring,
-                   k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd,
-                   stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem,
+                   l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, ring, src, lanes, offs_n, p_smem,
                    KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
                    NUM_STAGES: gl.constexpr, LAST: gl.constexpr, mma: gl.constexpr, V_BY_DIM: gl.constexpr):
         """Tile ``tile_start + i`` of the online softmax (ring slot i % NUM_STAGES), after issuing the copies of tile
@@ -203,17 +206,17 @@ if GLUON:
         head_dim / 2 rows: by token a token's even dims and its odd dims (V's rows read as int16 byte pairs by
         ldmatrix.trans straight into the A operand; one byte permute splits each word), by dim (int8) the two halves
         of head_dim (8 consecutive tokens per thread, as K's dims). LAST: the sequence's partial last tile, whose
-        keys past the end get -inf scores; every other tile lies wholly in the sequence."""
+        keys past the end get -inf scores; every other tile lies wholly in the sequence. ring, src, lanes: as _issue
+        takes them."""
+        k_ring, v_ring, ks_ring, vs_ring = ring
         tile = tile_start + i
         slot = i % NUM_STAGES
         # two groups per tile (K, then V): all but this tile's V and the later tiles' groups
         async_copy.wait_group(2 * NUM_STAGES - 3)
         gl.thread_barrier()  # every thread's K copies of this tile landed; the slot read last iteration is free
         if iss_tile < tile_end:  # a uniform branch: the ring's lead stops at the split's end
-            _issue(k_ring, v_ring, ks_ring, vs_ring, (i + NUM_STAGES - 1) % NUM_STAGES, iss_tile, iss_off, iss_phys0,
-                   iss_phys1, seq_len, block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb,
-                   stride_vt, stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N,
-                   V_BY_DIM)
+            _issue(ring, (i + NUM_STAGES - 1) % NUM_STAGES, iss_tile, iss_off, iss_phys0, iss_phys1, seq_len,
+                   block_size, src, lanes, BLOCK_N, V_BY_DIM)
         else:
             async_copy.commit_group()  # empty past the split's end: two groups per tile for wait_group's count
         async_copy.commit_group()
@@ -385,6 +388,10 @@ if GLUON:
         v_head = v_ptr + kv_head * stride_vh
         ks_head = ks_ptr + kv_head * stride_ksh
         vs_head = vs_ptr + kv_head * stride_vsh
+        ring = (k_ring, v_ring, ks_ring, vs_ring)
+        src = (k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd, stride_ksb,
+               stride_kst, stride_vsb, stride_vst)  # where a tile's bytes come from
+        lanes = (kr, kc, vr, vc, sr)  # the copies' row and column indices
         # the tile to issue next and its pages (one division per program; _advance steps on from there)
         iss_tile = tile_start
         iss_page = (tile_start * BLOCK_N) // block_size
@@ -394,9 +401,7 @@ if GLUON:
         # prologue: the ring's first NUM_STAGES - 1 tiles
         for st in gl.static_range(NUM_STAGES - 1):
             if iss_tile < tile_end:
-                _issue(k_ring, v_ring, ks_ring, vs_ring, st, iss_tile, iss_off, iss_phys0, iss_phys1, seq_len,
-                       block_size, k_head, v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt,
-                       stride_vd, stride_ksb, stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, BLOCK_N,
+                _issue(ring, st, iss_tile, iss_off, iss_phys0, iss_phys1, seq_len, block_size, src, lanes, BLOCK_N,
                        V_BY_DIM)
             else:
                 async_copy.commit_group()
@@ -427,17 +432,13 @@ if GLUON:
         for i in range(n_steady - partial):
             acc_a, acc_b, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
                 i, tile_start, tile_end, seq_len, last_page, block_size, bt_row, qt, s_mult, acc_a, acc_b, m_i, l_t,
-                iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head, v_head,
-                ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd, stride_ksb, stride_kst,
-                stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem, KV_QUANT, FP8_SOFTWARE, BLOCK_N, BLOCK_H,
-                NUM_STAGES, False, mma, V_BY_DIM)
+                iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, ring, src, lanes, offs_n, p_smem, KV_QUANT,
+                FP8_SOFTWARE, BLOCK_N, BLOCK_H, NUM_STAGES, False, mma, V_BY_DIM)
         if partial > 0:
             acc_a, acc_b, m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1 = _tile_step(
                 n_steady - 1, tile_start, tile_end, seq_len, last_page, block_size, bt_row, qt, s_mult, acc_a, acc_b,
-                m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, k_ring, v_ring, ks_ring, vs_ring, k_head,
-                v_head, ks_head, vs_head, stride_kb, stride_kt, stride_vb, stride_vt, stride_vd, stride_ksb,
-                stride_kst, stride_vsb, stride_vst, kr, kc, vr, vc, sr, offs_n, p_smem, KV_QUANT, FP8_SOFTWARE,
-                BLOCK_N, BLOCK_H, NUM_STAGES, True, mma, V_BY_DIM)
+                m_i, l_t, iss_tile, iss_off, iss_page, iss_phys0, iss_phys1, ring, src, lanes, offs_n, p_smem,
+                KV_QUANT, FP8_SOFTWARE, BLOCK_N, BLOCK_H, NUM_STAGES, True, mma, V_BY_DIM)
         async_copy.wait_group(0)
 
         l_i = gl.sum(l_t, axis=0)
