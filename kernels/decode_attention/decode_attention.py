@@ -827,15 +827,20 @@ def _takes_gluon(device, kv_quant, ptx, v_by_dim, v_dim_stride, head_dim, group,
                            launch["num_stages"], v_dim_stride)
 
 
-def launch_plan(q, k_cache, v_cache, kv_quant, num_splits=None) -> tuple[_Plan, bool]:
-    """(the split plan, whether the Gluon stage 1 takes the call), as decode_attention decides them for these
-    tensors (the bench's table labels its rows with them)."""
+def _launch_decision(q, k_cache, v_cache, kv_quant, num_splits):
+    """(the split plan, whether the Gluon stage 1 takes the call, V by dim, PTX code conversions) for these tensors."""
     batch, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     ptx = kv_quant is not None and _use_ptx(q.device)
-    gluon = _takes_gluon(q.device, kv_quant, ptx, v_cache.stride(1) == 1, v_cache.stride(3), d, hq // hkv,
-                         block_size)
-    return _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None, gluon), gluon
+    v_by_dim = v_cache.stride(1) == 1
+    gluon = _takes_gluon(q.device, kv_quant, ptx, v_by_dim, v_cache.stride(3), d, hq // hkv, block_size)
+    return _plan(batch, hq, hkv, d, q.device, num_splits, kv_quant is not None, gluon), gluon, v_by_dim, ptx
+
+
+def launch_plan(q, k_cache, v_cache, kv_quant, num_splits=None) -> tuple[_Plan, bool]:
+    """(the split plan, whether the Gluon stage 1 takes the call), as decode_attention decides them for these
+    tensors (the bench's table labels its rows with them)."""
+    return _launch_decision(q, k_cache, v_cache, kv_quant, num_splits)[:2]
 
 
 def _fail(msg: str):
@@ -873,9 +878,7 @@ def decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, out, *, 
     _, block_size, hkv, _ = k_cache.shape
     if num_splits is not None and (not isinstance(num_splits, int) or not 1 <= num_splits <= 65535):
         _fail(f"num_splits must be an int in [1, 65535] (the grid's z limit), got {num_splits!r}")
-    v_by_dim = v_cache.stride(1) == 1
-    ptx = kv_quant is not None and _use_ptx(q.device)
-    plan, gluon = launch_plan(q, k_cache, v_cache, kv_quant, num_splits)
+    plan, gluon, v_by_dim, ptx = _launch_decision(q, k_cache, v_cache, kv_quant, num_splits)
     rows = plan.rows(batch) * hq
     need = plan.numel(batch, hq, d)
     if workspace is None:
