@@ -181,13 +181,15 @@ def test_qwen35_27b_hybrid_block_size_per_cache_dtype(patched, qwen35_dir):
         assert cc.mamba_cache_mode == "align" and cc.mamba_block_size == block
         assert cc.mamba_page_size_padded == block * per_token[name]  # GDN pages padded to the attention page
         assert block * per_token[name] >= 3_207_168
-    # the decode and prefill benches page each kind as the engine does (their tables write these sizes out)
+    # the decode and prefill benches page each kind as the engine does (both take kv_quant.layout's table)
     from kernels.decode_attention import bench as decode_bench
+    from kernels.kv_quant.layout import QWEN35_27B_PAGE_TOKENS
     from kernels.prefill_attention import bench as prefill_bench
 
+    engine = {"bf16": want["auto"], "fp8": want["fp8_per_token_head"], "int8": want["int8_per_token_head"]}
+    assert QWEN35_27B_PAGE_TOKENS == engine
     for bench in (decode_bench, prefill_bench):
-        assert {k: bench.BLOCK[k] for k in ("bf16", "fp8", "int8")} == {
-            "bf16": want["auto"], "fp8": want["fp8_per_token_head"], "int8": want["int8_per_token_head"]}, bench
+        assert {k: bench.BLOCK[k] for k in ("bf16", "fp8", "int8")} == engine, bench
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ import torch
 import triton
 
 from ..gemv.dispatch import time_on_device
-from ..kv_quant.layout import V_BY_DIM, kv_cache_shape, split_kv_cache
+from ..kv_quant.layout import QWEN35_27B_PAGE_TOKENS, V_BY_DIM, kv_cache_shape, split_kv_cache
 from . import launch_params
 from . import decode_attention as decode_attention_module
 from .decode_attention import decode_attention, launch_plan, workspace_numel
@@ -61,7 +61,7 @@ from ..results_io import save_figure, write_text
 HQ, HKV, D = 24, 4, 256
 BATCHES = (1, 4, 16, 64)
 CTXS = (4096, 8192, 16384, 32768)
-BLOCK = {"bf16": 784, "fp8": 1552, "int8": 1664}  # Qwen3.5-27B's pages per cache kind (patch 0002)
+BLOCK = dict(QWEN35_27B_PAGE_TOKENS)  # the engine's pages per cache kind (patch 0002); --block-8bit edits it
 DTYPES = ("bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth")
 SCALE = 1.0 / 16
 DEV = "cuda"

@@ -7,7 +7,7 @@ S and P (the default for bf16) and, for comparison, to dequantized K/V tiles.
 
 Needs the patched vLLM on PYTHONPATH (the GPU harness variant). Each point is a CUDA-graph replay of one
 layer's decode step (one query token per sequence; with --prefill also one sequence's prefill chunk; 24 q / 4 kv
-heads x 256; block 1552 for the 8-bit dtypes, 784 for bf16, as vLLM picks them for Qwen3.5-27B), median of
+heads x 256; block 1552 for fp8, 1664 for int8, 784 for bf16, as vLLM picks them for Qwen3.5-27B), median of
 triton.testing.do_bench.
 Bytes = KV cache bytes read (codes + scales). Writes ``<date>-<gpu>-kv-decode-attention.{json,md}`` into
 ``--out`` (default ``$OUT`` or bench/results/) and prints the table last.
@@ -25,13 +25,13 @@ import triton
 
 from .bench import copy_bandwidth_gbps
 from .cache_write import reshape_and_cache_per_token_head
-from .layout import kv_cache_shape, split_kv_cache
+from .layout import QWEN35_27B_PAGE_TOKENS, kv_cache_shape, split_kv_cache
 from ..results_io import write_result_pair
 
 HQ, HKV, D = 24, 4, 256
 SEGMENTS = 16
 THRESHOLD_3D = 128 // HKV
-BLOCK = {"bf16": 784, "fp8": 1552, "int8": 1552}
+BLOCK = dict(QWEN35_27B_PAGE_TOKENS)  # the engine's pages
 
 # name -> (kv quant kind or None, software fp8 decode, dequantize tiles)
 METHODS = {

@@ -39,6 +39,9 @@ V_BY_DIM = frozenset({"int8"})
 # (bench/results/2026-12-04-h200-session24.md). The cost: GDN state pages padded to the attention page (7.9% over the
 # 3,207,168 B a state needs, against 0.7% at 1552)
 PAGE_ALIGN_TOKENS = {"int8": 128}
+# Qwen3.5-27B's attention pages per cache kind as patch 0002's hybrid sizing gives them (bf16 "auto", fp8 and int8
+# per-token-head; tests/test_kv_cache_dtype_config.py pins them against the engine): the kernel benches page with these
+QWEN35_27B_PAGE_TOKENS = {"bf16": 784, "fp8": 1552, "int8": 1664}
 
 
 def kv_quant_kind(cache_dtype_str: str) -> str | None:

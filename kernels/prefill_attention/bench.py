@@ -38,13 +38,13 @@ import torch
 import triton
 
 from ..kv_quant.cache_write import reshape_and_cache_per_token_head
-from ..kv_quant.layout import kv_cache_shape, split_kv_cache
+from ..kv_quant.layout import QWEN35_27B_PAGE_TOKENS, kv_cache_shape, split_kv_cache
 from ..results_io import write_result_pair
 from . import launch_params
 from .prefill_attention import MIRROR_DEFAULT_TOKENS, MIRROR_ENV, MIRROR_PAGE, prefill_attention
 
 HQ, HKV, D = 24, 4, 256
-BLOCK = {"bf16": 784, "int8": 1664, "fp8": 1552}  # the engine's pages for Qwen3.5-27B (patch 0002)
+BLOCK = dict(QWEN35_27B_PAGE_TOKENS)  # the engine's pages for Qwen3.5-27B (patch 0002); --block-8bit edits it
 DEV = "cuda"
 # name -> (kv quant kind, software e4m3 decode, mirror tokens: None = the default, 0 = read the 8-bit cache directly)
 DTYPES = {"bf16": (None, False, None), "int8": ("int8", False, None), "fp8_hw": ("fp8", False, None),

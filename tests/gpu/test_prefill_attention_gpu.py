@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dcu import prefill_attention as route
-from kernels.kv_quant.layout import V_BY_DIM
+from kernels.kv_quant.layout import QWEN35_27B_PAGE_TOKENS, V_BY_DIM
 from kernels.kv_quant.reference import quantized_paged_cache
 from kernels.prefill_attention import prefill_attention
 from kernels.prefill_attention.reference import paged_prefill_reference
@@ -26,7 +26,8 @@ pa_module = importlib.import_module("kernels.prefill_attention.prefill_attention
 
 HQ, HKV, D = 24, 4, 256
 DEV = "cuda"
-BLOCK = {None: 784, "int8": 1664, "fp8": 1552}  # the engine's pages (patch 0002; tests/test_kv_cache_dtype_config.py)
+BLOCK = {None: QWEN35_27B_PAGE_TOKENS["bf16"], "int8": QWEN35_27B_PAGE_TOKENS["int8"],
+         "fp8": QWEN35_27B_PAGE_TOKENS["fp8"]}  # the engine's pages: 784, 1664, 1552
 
 
 def make_case(chunks, kv_quant=None, seed=0, block_size=None, q_mag=1.0, k_mag=2.0, v_mag=1.0):
