@@ -95,6 +95,10 @@ def use_software_fp8() -> bool:
         raise ValueError(f"VLLM_DCU_FP8_SOFTWARE must be 0 or 1, got {forced!r}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         return True
+    from .targets import emulated_arch
+
+    if emulated_arch():  # the DCU rehearsal on another GPU: the DCU has no fp8 converts
+        return True
     import torch
 
     if not torch.cuda.is_available():

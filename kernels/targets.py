@@ -8,12 +8,31 @@ import json
 import os
 
 _ARCH: dict = {}  # device index -> 'sm90' / 'gfx936' / ...
+EMULATE_ENV = "VLLM_DCU_EMULATE_ARCH"
+EMULATED = ("gfx936", "gfx928")
+
+
+def emulated_arch() -> str | None:
+    """``VLLM_DCU_EMULATE_ARCH`` (gfx936 / gfx928) on a CUDA GPU: the DCU rehearsal. The kernels then take the DCU's
+    table entries and code paths (no PTX, no Gluon, software fp8, portable conversions); Triton still compiles for
+    the GPU at hand, which ignores the ROCm-only launch options. None when unset; any other value fails naming the
+    supported ones."""
+    raw = os.environ.get(EMULATE_ENV, "").strip()
+    if not raw:
+        return None
+    if raw not in EMULATED:
+        raise ValueError(f"{EMULATE_ENV}={raw!r}: supported values are {', '.join(EMULATED)} (or unset)")
+    return raw
 
 
 def device_arch(device=None) -> str:
-    """'interpreter', or the device's arch: 'sm<major><minor>' on CUDA, the gcnArchName's base on ROCm."""
+    """'interpreter', or the device's arch: 'sm<major><minor>' on CUDA, the gcnArchName's base on ROCm (the emulated
+    DCU arch under ``VLLM_DCU_EMULATE_ARCH``)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "interpreter"
+    emulated = emulated_arch()
+    if emulated:
+        return emulated
     import torch
 
     index = getattr(device, "index", None) if getattr(device, "type", None) == "cuda" else None

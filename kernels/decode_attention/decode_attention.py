@@ -716,7 +716,9 @@ PTX_CONVERSIONS = None
 def _use_ptx(device: torch.device) -> bool:
     if PTX_CONVERSIONS is not None:
         return bool(PTX_CONVERSIONS)
-    return device.type == "cuda" and torch.version.hip is None and launch_params.current_target(device) != "interpreter"
+    # an emulated DCU (VLLM_DCU_EMULATE_ARCH) takes the portable conversions, as the DCU does
+    return device.type == "cuda" and torch.version.hip is None and not launch_params.current_target(device).startswith(
+        ("interpreter", "gfx"))
 
 
 def split_kernel_launch(launch: dict, block_size: int, kv_quant: int, v_by_dim: bool = False) -> tuple[dict, dict]:
