@@ -14,19 +14,20 @@ break, no recompilation by batch size):
   ``F.linear``);
 * more rows, or inputs the GEMV was not compiled for (unaligned, strided): the platform GEMM.
 
-A shape is measured (or read from the cache, ~/.cache/vllm-dcu/gemv-dispatch-*.json) the first time
+A shape is measured (or read from the device's tuned file, kernels/tuning/tuned_file.py) the first time
 the op sees it with any row count, which for a decoder is vLLM's profile run at startup (prefill-size
 batches go through the same op); that is before any CUDA/HIP graph is captured. The first capture
 freezes the table: a shape first seen later is not measured and runs on the platform GEMM (logged).
 Every Triton specialization the decode path uses is compiled during that first sight.
 """
-import hashlib
+import os
 
 import torch
 import torch.nn.functional as F
 
 from vllm.dcu_kernels.gemv import dispatch as gemv_dispatch
 from vllm.dcu_kernels.gemv import launch_params
+from vllm.dcu_kernels.tuning import decisions, tuned_file
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op
@@ -63,31 +64,16 @@ def _platform(x, weight, bias, silu_mul):
     return y
 
 
-def _identity(device: torch.device) -> dict:
-    import triton
-
-    import vllm
-
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        name = props.name + (f" {props.gcnArchName}" if torch.version.hip else "") + \
-            f" {props.multi_processor_count} CUs"
-    else:
-        name = device.type
-    target = launch_params.current_target(device)
-    params = hashlib.sha256(launch_params.entry_digest(target).encode()).hexdigest()[:16]
-    return gemv_dispatch.cache_identity(name, {
-        "torch": torch.__version__, "triton": triton.__version__, "vllm": vllm.__version__,
-        "runtime": torch.version.hip or torch.version.cuda or "none", "target": target, "gemv_params": params,
-        "gemv_code": gemv_dispatch.code_digest(),
-    })
-
-
 def table(device: torch.device) -> gemv_dispatch.DispatchTable:
-    """The dispatch table of ``device`` (one per device index)."""
+    """The dispatch table of ``device`` (one per device index), kept in the device's tuned file (read through the
+    engine's one loader, kernels/tuning/decisions.active_file); its lines join the decision table logged at start."""
     idx = (device.type, device.index)
     if idx not in _TABLES:
-        _TABLES[idx] = gemv_dispatch.DispatchTable(MODE, _identity(device), log=logger.info, warn=logger.warning)
+        identity = tuned_file.device_identity(device)
+        _TABLES[idx] = gemv_dispatch.DispatchTable(
+            MODE, identity, log=logger.info, warn=logger.warning, tuned=decisions.active_file,
+            use_file=not os.environ.get(launch_params.ENV_VAR, "").strip())
+        decisions.add_table("gemv", lambda: [line for tab in _TABLES.values() for line in tab.summary_lines()])
     return _TABLES[idx]
 
 
@@ -113,7 +99,7 @@ def _choose(x, weight, bias, silu_mul) -> str:
     tab = table(device)
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if capturing:
-        tab.freeze()  # the engine's warm-up is over once it captures graphs
+        freeze()  # the engine's warm-up is over once it captures graphs: log the decision table
     key = gemv_dispatch.ShapeKey(weight.shape[0], weight.shape[1], str(weight.dtype).removeprefix("torch."),
                                  bias is not None, silu_mul)
     if key.id not in tab.entries:
@@ -211,3 +197,4 @@ def freeze():
     """Stop measuring on every device (a shape first seen afterwards runs on the platform GEMM)."""
     for tab in _TABLES.values():
         tab.freeze()
+    decisions.log_table_once(logger.info)

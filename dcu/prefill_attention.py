@@ -57,6 +57,18 @@ def _kernels():
     return prefill_attention, MAX_GROUP, layout
 
 
+def _runs_ours(kv_quant) -> bool:
+    """The device's decision for this launch kind (issue #43: taken at start by ``warmup``'s check)."""
+    try:
+        from vllm.dcu_kernels.tuning.decisions import runs_ours
+    except ImportError:
+        from kernels.tuning.decisions import runs_ours
+    return runs_ours(_PATHS[kv_quant])
+
+
+_PATHS = {None: "prefill.bf16", "int8": "prefill.int8", "fp8": "prefill.fp8"}
+
+
 def _mirror_api():
     """The module of the prefill kernel _kernels() resolves (wheel or repository): its mirror constants, env reader
     and buffer."""
@@ -199,7 +211,8 @@ def route_unified_attention(upstream):
 
     @functools.wraps(upstream)
     def unified_attention(**kw):
-        if not on or kw["max_seqlen_q"] <= 1 or unsupported(kw) is not None or _batch_invariant():
+        if not on or kw["max_seqlen_q"] <= 1 or unsupported(kw) is not None or _batch_invariant() \
+                or not _runs_ours(kw.get("kv_quant")):
             return upstream(**kw)
         prefill_attention, _, _ = _kernels()
         kv_quant = kw.get("kv_quant")
@@ -269,13 +282,29 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
         ks.fill_(0.01)
         vs.fill_(0.01)
         scales = dict(k_scales=ks, v_scales=vs)
-    prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant, max_seqlen_k=max(lens),
-                      mirror=mirror, **scales)
+    from . import kernel_checks
+    from .kernel_checks import _kernels as _checked_kernels
+
+    paged_prefill_reference = _checked_kernels()[5]
+
+
+    def run_and_reference():
+        prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant,
+                          max_seqlen_k=max(lens), mirror=mirror, **scales)
+        want = paged_prefill_reference(q, k, v, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant,
+                                       dtype=torch.float32, **scales)
+        return out, want
+
+    # the device decides (issue #43): compiled and compared here, before the engine serves; a failure hands this
+    # launch kind to upstream's unified attention with one warning line
+    ours = kernel_checks.check_prefill(run_and_reference, dtype, kv_quant,
+                                       kernel_checks.attention_shape(num_heads_q, num_heads_kv, head_size))
+    kernel_checks.check_kv_write(num_heads_kv, head_size, dtype, cache_dtype, block_size, device)
     torch.cuda.synchronize(device)
-    if not torch.isfinite(out).all():
-        raise RuntimeError("vllm-dcu prefill attention warmup produced non-finite output")
     _WARM.add(key)
     seconds = time.perf_counter() - t0
-    log.info("vllm-dcu: prefill attention kernel ready (%s KV, block %d, %d/%d heads x %d) in %.1f s",
-             kv_quant or str(dtype).replace("torch.", ""), block_size, num_heads_q, num_heads_kv, head_size, seconds)
+    if ours:
+        log.info("vllm-dcu: prefill attention kernel ready (%s KV, block %d, %d/%d heads x %d) in %.1f s",
+                 kv_quant or str(dtype).replace("torch.", ""), block_size, num_heads_q, num_heads_kv, head_size,
+                 seconds)
     return seconds

@@ -153,4 +153,7 @@ def warm_first_request(runner) -> float | None:
     seconds = time.perf_counter() - t0
     log.info("vllm-dcu: first-request kernels compiled in %.1f s (prefill batches of %s tokens, %s zeroed blocks)",
              seconds, "/".join(map(str, counts)), "/".join(map(str, ZERO_BLOCK_COUNTS)))
+    from .kernel_checks import log_decisions
+
+    log_decisions(log.info)  # every launch kind is decided by now (issue #43): one table, once
     return seconds

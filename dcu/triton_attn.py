@@ -12,6 +12,10 @@ window, soft cap, sinks, fused output quantization, per-tensor fp8 KV, encoder a
 TRITON_ATTN's unified attention unchanged. The decode kernel reads bf16/fp16 caches and, when the
 per-token-head cache dtypes exist, their uint8 codes + float32 scales.
 
+The device decides (issue #43): the metadata builder checks the decode kernel (and the 8-bit cache write) once at
+start against their references (vllm.dcu.kernel_checks); a launch kind whose check fails, or that the device's tuned
+file or ``VLLM_DCU_DECODE_ATTN=0`` gives to upstream, runs TRITON_ATTN's forward.
+
 Patch 0003-dcu-triton-decode-attention registers ``DcuTritonAttentionBackend`` as ``DCU_TRITON_ATTN`` in vLLM's
 backend registry and puts it before TRITON_ATTN in ROCm's priority list; without that patch nothing imports this
 module. It subclasses TRITON_ATTN's classes, so it needs vLLM (tests/test_dcu_triton_attn.py runs it against the
@@ -26,6 +30,8 @@ import torch
 
 from vllm.dcu_kernels.decode_attention import decode_attention, workspace_numel
 from vllm.dcu_kernels.kv_quant.layout import kv_quant_kind, split_kv_cache
+from vllm.dcu_kernels.tuning.decisions import runs_ours
+from vllm.dcu import kernel_checks  # noqa: I001 - vllm.dcu is this package in the wheel
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
 from vllm.v1.attention.backends.triton_attn import (
     TritonAttentionBackend,
@@ -88,6 +94,12 @@ class DcuTritonAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
         )
         self.decode_workspace = torch.empty(numel, dtype=torch.float32, device=device)
         self.split_mixed = mixed_decode_rows_enabled()  # at startup: a bad value fails here, not at a request
+        # the device decides (issue #43): our decode kernel and 8-bit cache write run once here, before graphs are
+        # captured, against their references; one that fails hands its launch kind to upstream's path
+        cache_dtype = vllm_config.cache_config.cache_dtype
+        args = (self.headdim, vllm_config.model_config.dtype, cache_dtype, self.block_size, device)
+        kernel_checks.check_decode(self.num_heads_q, self.num_heads_kv, *args)
+        kernel_checks.check_kv_write(self.num_heads_kv, *args)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         base = super().build(common_prefix_len, common_attn_metadata, fast_build)
@@ -144,6 +156,7 @@ class DcuTritonAttentionImpl(TritonAttentionImpl):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.kv_quant = kv_quant_kind(self.kv_cache_dtype)
+        self.decode_path = kernel_checks.path_name("decode", self.kv_quant)  # decided at start (issue #43)
         self.use_decode_kernel = (
             self.attn_type == AttentionType.DECODER
             and self.alibi_slopes is None
@@ -170,6 +183,7 @@ class DcuTritonAttentionImpl(TritonAttentionImpl):
             attn_metadata is None
             or not (attn_metadata.decode_only or attn_metadata.num_mixed_decodes)
             or not self.use_decode_kernel
+            or not runs_ours(self.decode_path)
             or output_scale is not None
             or output_block_scale is not None
             or query.dtype not in _DECODE_DTYPES

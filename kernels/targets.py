@@ -67,13 +67,31 @@ def parse_override_object(env_var: str, text: str, allowed) -> dict:
     return override
 
 
-def cached_entry(cache: dict, env_var: str, build, target: str, override: str | None = None) -> dict:
+def cached_entry(cache: dict, env_var: str, build, target: str, override: str | None = None,
+                 family: str | None = None) -> dict:
     """``build(target, text)`` once per (target, override text), the text being ``override`` or, when that is None,
-    the value of ``env_var``; later calls return the same (validated, not to be modified) dict."""
+    the value of ``env_var``; later calls return the same (validated, not to be modified) dict. With ``family`` and
+    no ``override``, the device's tuned file's launch override for that family (kernels/tuning) is applied first,
+    ``build(target, tuned)``, and the variable over it, ``build(target, text, base=that)``; a tuned override the
+    builder refuses is dropped with one line naming the key, and the table's entry is used."""
     text = os.environ.get(env_var, "") if override is None else override
-    key = (target, text)
+    tuned = None
+    if family is not None and override is None:
+        from .tuning.decisions import launch_override
+
+        tuned = launch_override(family)
+    key = (target, text, tuned)
     if key not in cache:
-        cache[key] = build(target, text)
+        base = None
+        if tuned:
+            try:
+                base = build(target, tuned)
+            except ValueError as e:
+                import logging
+
+                logging.getLogger("vllm.dcu.tuning").warning(
+                    "vllm-dcu: tuned file's launch.%s refused (%s); the launch table's entry is used", family, e)
+        cache[key] = build(target, text) if base is None else build(target, text, base=base)
     return cache[key]
 
 

@@ -68,3 +68,20 @@ _TREE = _patched_tree()
 def vllm_tree() -> Path | None:
     """The patched vLLM tree `import vllm` loads (None when testing an installed vllm)."""
     return _TREE
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kernel_decisions():
+    """Every test starts with no launch kind decided and no tuned file loaded (kernels/tuning/decisions.py keeps
+    them per process, as the engine does): a test that makes a kernel fail its startup check must not hand that
+    launch kind to upstream's path for the tests after it. Both copies: the repository's and the tree's."""
+    import sys
+
+    def reset():
+        for name in ("kernels.tuning.decisions", "vllm.dcu_kernels.tuning.decisions"):
+            if name in sys.modules:
+                sys.modules[name].reset()
+
+    reset()
+    yield
+    reset()

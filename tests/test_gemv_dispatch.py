@@ -1,9 +1,9 @@
 """The decode GEMV's dispatch table (kernels/gemv/dispatch.py) without a GPU and without vLLM.
 
 Timings are injected: ``measure(bucket) -> (triton_us, platform_us)``, ``warm(bucket)``. Covers the
-VLLM_DCU_GEMV values and the bad-value error, the choice with its 1% hysteresis, the JSON cache
-(hit skips timing, keyed by device and versions, atomic write, unreadable files), graph capture
-and freezing.
+VLLM_DCU_GEMV values and the bad-value error, the choice with its 1% hysteresis, the table kept in
+the device's tuned file (hit skips timing, keyed by device and versions, atomic write, unreadable
+files), graph capture and freezing.
 """
 import json
 import os
@@ -11,8 +11,9 @@ import os
 import pytest
 
 from kernels.gemv import dispatch as d
+from kernels.tuning import tuned_file
 
-IDENT = d.cache_identity("NVIDIA H200 132 CUs", {"torch": "2.11.0", "triton": "3.6.0", "vllm": "0.18.1+dcu.7.abc"})
+IDENT = {"device": "NVIDIA H200 132 CUs", "arch": "sm90", "torch": "2.11.0", "triton": "3.6.0", "kernels": "abc"}
 KEY = d.ShapeKey(16384, 5120, "bfloat16")
 KEY_SMALL = d.ShapeKey(96, 5120, "bfloat16", bias=True)
 
@@ -34,7 +35,7 @@ class Recorder:
 
 def make_table(tmp_path, mode="auto", ident=IDENT, logs=None):
     logs = [] if logs is None else logs
-    return d.DispatchTable(mode, ident, cache_dir=tmp_path, log=logs.append), logs
+    return d.DispatchTable(mode, ident, path=tmp_path / "tuned.json", log=logs.append), logs
 
 
 TIMES = {1: (40.0, 50.0), 2: (49.8, 50.0), 4: (60.0, 50.0), 8: (float("nan"), 50.0)}
@@ -99,22 +100,32 @@ def test_cache_hit_skips_timing_and_warms_only_the_triton_buckets(tmp_path):
     entry = tab2.ensure(KEY, rec.measure, rec.warm)
     assert rec.measured == [] and rec.warmed == [1]
     assert entry == tab.entries[KEY.id]
-    assert "(cached, gemv-dispatch-" in logs[0]
+    assert "(tuned file tuned.json)" in logs[0]
 
 
 def test_cache_is_keyed_by_device_and_versions(tmp_path):
     tab, _ = make_table(tmp_path)
     tab.ensure(KEY, Recorder(TIMES).measure, lambda b: None)
-    for change in ({"device": "AMD BW1000 gfx936 80 CUs"}, {"triton": "3.7.0"}, {"vllm": "0.18.1+dcu.7.def"}):
+    for change in ({"device": "AMD BW1000 80 CUs"}, {"triton": "3.7.0"}, {"kernels": "def"}):
         ident = {**IDENT, **change}
-        other, _ = make_table(tmp_path, ident=ident)
-        assert other.path != tab.path
+        other, logs = make_table(tmp_path, ident=ident)
         rec = Recorder(TIMES)
         other.ensure(KEY, rec.measure, rec.warm)
-        assert rec.measured == [1, 2, 4, 8]
-    assert len(list(tmp_path.glob("gemv-dispatch-*.json"))) == 4
+        assert rec.measured == [1, 2, 4, 8]  # a file for another identity is not used ...
+        assert any("ignoring tuned file" in line and "made for" in line for line in logs)
+        assert json.loads(other.path.read_text())["identity"] == ident  # ... and is replaced by this device's
     doc = json.loads(tab.path.read_text())
-    assert doc["identity"] == IDENT and set(doc["entries"]) == {KEY.id}
+    assert tuned_file.check_doc(doc) == [] and set(doc["gemv"]) == {KEY.id}
+
+
+def test_the_table_lives_in_the_tuned_file_beside_the_other_sections(tmp_path):
+    doc = tuned_file.new_doc(IDENT, {"name": "toy"}, "quick")
+    doc["paths"]["decode.bf16"] = {"use": "ours", "ratio": 0.5, "why": "measured"}
+    tuned_file.write(tmp_path / "tuned.json", doc)
+    tab, _ = make_table(tmp_path)
+    tab.ensure(KEY, Recorder(TIMES).measure, lambda b: None)
+    after = json.loads(tab.path.read_text())
+    assert after["paths"] == doc["paths"] and set(after["gemv"]) == {KEY.id}  # merged, nothing else lost
 
 
 def test_shapes_of_two_processes_merge_in_one_file(tmp_path):
@@ -122,7 +133,7 @@ def test_shapes_of_two_processes_merge_in_one_file(tmp_path):
     b, _ = make_table(tmp_path)
     a.ensure(KEY, Recorder(TIMES).measure, lambda _: None)
     b.ensure(KEY_SMALL, Recorder(TIMES).measure, lambda _: None)
-    assert set(json.loads(a.path.read_text())["entries"]) == {KEY.id, KEY_SMALL.id}
+    assert set(json.loads(a.path.read_text())["gemv"]) == {KEY.id, KEY_SMALL.id}
 
 
 def test_cache_write_is_atomic(tmp_path, monkeypatch):
@@ -133,16 +144,16 @@ def test_cache_write_is_atomic(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(d.os, "replace", broken_replace)
+    monkeypatch.setattr(tuned_file.os, "replace", broken_replace)
     tab2, logs = make_table(tmp_path)
     tab2.ensure(KEY_SMALL, Recorder(TIMES).measure, lambda _: None)  # measured; the save fails
     assert tab2.choice(KEY_SMALL, 1) == "triton"
     assert tab.path.read_bytes() == before  # the old table is intact
     assert sorted(p.name for p in tmp_path.iterdir()) == [tab.path.name]  # no temporary file left
-    assert any("could not write the cache" in line for line in logs)
+    assert any("could not write the tuned file" in line for line in logs)
 
 
-def test_write_json_atomic_goes_through_a_temporary_file(tmp_path, monkeypatch):
+def test_the_tuned_file_is_written_through_a_temporary_file(tmp_path, monkeypatch):
     seen = []
     real_replace = os.replace
 
@@ -150,16 +161,17 @@ def test_write_json_atomic_goes_through_a_temporary_file(tmp_path, monkeypatch):
         seen.append((os.path.dirname(src), os.path.basename(src), dst))
         real_replace(src, dst)
 
-    monkeypatch.setattr(d.os, "replace", spy)
+    monkeypatch.setattr(tuned_file.os, "replace", spy)
     path = tmp_path / "sub" / "t.json"
-    d.write_json_atomic(path, {"a": 1})
-    assert json.loads(path.read_text()) == {"a": 1}
+    tuned_file.write(path, tuned_file.new_doc(IDENT, {}, "quick"))
+    assert json.loads(path.read_text())["identity"] == IDENT
     (folder, tmp_name, dst), = seen
     assert folder == str(path.parent) and tmp_name.startswith(".t.json.") and dst == path
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"identity": {"device": "x"}, "entries": {}}),
-                                     json.dumps({"identity": IDENT, "entries": {KEY.id: {"1": {"choice": "gpu"}}}})])
+                                     json.dumps({**tuned_file.new_doc(IDENT, {}, "quick"),
+                                                 "gemv": {KEY.id: {"1": {"choice": "gpu"}}}})])
 def test_unreadable_or_foreign_cache_is_measured_again(tmp_path, content):
     tab, logs = make_table(tmp_path)
     tab.path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +193,7 @@ def test_forced_modes_do_not_time(tmp_path):
     assert rec.warmed == [1, 2, 4, 8] and all(tab.choice(KEY, r) == "platform" for r in range(1, 9))
     assert not list(tmp_path.glob("*.json"))  # nothing measured, nothing cached
     with pytest.raises(ValueError, match="not one of"):
-        d.DispatchTable("fast", IDENT, cache_dir=tmp_path)
+        d.DispatchTable("fast", IDENT, path=tmp_path / "t.json")
 
 
 def test_no_timing_during_graph_capture_or_after_freeze(tmp_path):
@@ -197,7 +209,7 @@ def test_no_timing_during_graph_capture_or_after_freeze(tmp_path):
     tab.ensure(other, rec.measure, rec.warm)
     assert rec.measured == [1, 2, 4, 8] and tab.choice(other, 1) == "platform"
     assert "first seen after the warm-up" in logs[-1]
-    assert set(json.loads(tab.path.read_text())["entries"]) == {KEY_SMALL.id}  # only measured shapes are cached
+    assert set(json.loads(tab.path.read_text())["gemv"]) == {KEY_SMALL.id}  # only measured shapes are cached
 
 
 def test_fallback_records_the_platform(tmp_path):
@@ -220,10 +232,31 @@ def test_l2_copies():
     assert d.l2_copies(mib, 50 * mib) == 64  # capped
 
 
-def test_cache_dir_env_override(tmp_path):
-    assert d.default_cache_dir({d.ENV_CACHE_DIR: str(tmp_path)}) == tmp_path
-    assert d.default_cache_dir({}).parts[-2:] == (".cache", "vllm-dcu")
+def test_cache_dir_variables(tmp_path):
+    assert tuned_file.cache_dir({"VLLM_DCU_CACHE_DIR": str(tmp_path)}) == tmp_path
+    assert tuned_file.cache_dir({"VLLM_DCU_GEMV_CACHE_DIR": str(tmp_path)}) == tmp_path  # the old name still works
+    assert tuned_file.cache_dir({}).parts[-2:] == (".cache", "vllm-dcu")
+    assert tuned_file.default_path(IDENT, {"VLLM_DCU_CACHE_DIR": str(tmp_path)}) == \
+        tmp_path / "tuned" / "sm90-nvidia-h200-132-cus.json"
+    assert tuned_file.default_path(IDENT, {"VLLM_DCU_TUNED_FILE": str(tmp_path / "x.json")}) == tmp_path / "x.json"
 
 
-def test_code_digest_is_stable():
-    assert d.code_digest() == d.code_digest() and len(d.code_digest()) == 16
+def test_a_variable_for_the_launch_options_keeps_the_file_out(tmp_path):
+    tab, _ = make_table(tmp_path)
+    tab.ensure(KEY, Recorder(TIMES).measure, lambda b: None)
+    other = d.DispatchTable("auto", IDENT, path=tab.path, log=lambda line: None, use_file=False)
+    rec = Recorder(TIMES)
+    other.ensure(KEY_SMALL, rec.measure, rec.warm)
+    other.ensure(KEY, rec.measure, rec.warm)
+    assert rec.measured == [1, 2, 4, 8] * 2  # timed with the variable's options, not read from the file
+    assert set(json.loads(tab.path.read_text())["gemv"]) == {KEY.id}  # and not written into it
+
+
+def test_summary_lines_name_the_side_and_ratio(tmp_path):
+    tab, _ = make_table(tmp_path)
+    tab.ensure(KEY, Recorder(TIMES).measure, lambda b: None)
+    tab.fallback(KEY_SMALL, "measuring failed (RuntimeError: boom)")
+    lines = tab.summary_lines()
+    assert lines[0] == ("gemv 16384x5120:bfloat16  1 row ours 0.80x, 2 rows platform 1.00x, 4 rows platform 1.20x, "
+                        "8 rows platform (measured at start)")
+    assert lines[1].startswith("gemv 96x5120:bfloat16:bias  1 row platform") and "boom" in lines[1]

@@ -5,6 +5,7 @@ SiLU-and-mul in Qwen2MoeMLP, torch.compile, and the startup error for a bad VLLM
 The GEMV runs in Triton's interpreter: tests add "cpu" to the op's device types and make the platform
 look CUDA-like; timings are injected. The real device timing runs in tests/gpu/test_gemv_gpu.py.
 """
+import json
 import os
 import subprocess
 import sys
@@ -115,10 +116,11 @@ def test_auto_mode_follows_the_measured_table_and_caches_it(hook, monkeypatch):
     gemm(None, torch.randn(2, K).half(), w)
     gemm(None, torch.randn(3, K).half(), w)
     assert hook.calls["gemv"] == before["gemv"] + 1 and hook.calls["platform"] == before["platform"] + 1
-    files = list(hook.cache.glob("gemv-dispatch-*.json"))
-    assert len(files) == 1 and tab_key(hook).id in files[0].read_text()
-    # a new process (fresh tables) reads the file: no timing at all
+    files = list(hook.cache.glob("tuned/*.json"))
+    assert len(files) == 1 and tab_key(hook).id in json.loads(files[0].read_text())["gemv"]
+    # a new process (fresh tables, nothing loaded) reads the file: no timing at all
     monkeypatch.setattr(hook.mod, "_TABLES", {})
+    hook.mod.decisions.reset()
     monkeypatch.setattr(hook.mod.gemv_dispatch, "time_on_device", lambda *a, **kw: pytest.fail("timed again"))
     gemm(None, torch.randn(32, K).half(), w)
     assert hook.mod.table(w.device).choice(tab_key(hook), 1) == "triton"

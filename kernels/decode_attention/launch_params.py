@@ -271,13 +271,13 @@ _CACHE: dict = {}
 def get_params(target: str, override: str | None = None) -> dict:
     """The entry for ``target`` with ``VLLM_DCU_DECODE_PARAMS`` (or ``override``) applied; validated.
     Callers must not modify the returned dict (it is cached per target and override text)."""
-    return cached_entry(_CACHE, ENV_VAR, _build_params, target, override)
+    return cached_entry(_CACHE, ENV_VAR, _build_params, target, override, family="decode")
 
 
-def _build_params(target: str, text: str) -> dict:
+def _build_params(target: str, text: str, base: dict | None = None) -> dict:
     if target not in PARAMS:
         raise ValueError(f"no decode-attention launch parameters for target {target!r}; known: {sorted(PARAMS)}")
-    base = PARAMS[target]
+    base = PARAMS[target] if base is None else base  # base: the entry with the tuned file's override (targets.py)
     entry = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     where = f"decode-attention params for {target}"
     if text.strip():

@@ -2,10 +2,13 @@
 
 For every GEMM shape a model runs (N, K, dtype, bias, plain or fused with SiLU-and-mul) and every
 row bucket (1, 2, 4, 8 rows), both sides are timed once on the actual device and the faster is kept;
-the Triton GEMV must win by more than HYSTERESIS (1%) to be chosen. The table is cached as JSON per
-device and software versions (``cache_identity``), so a later start only loads it. While timing, the
-Triton kernel of every row bucket is compiled; shapes read from the cache compile theirs in
-``warm``, so nothing compiles once a model is serving.
+the Triton GEMV must win by more than HYSTERESIS (1%) to be chosen. The table is the ``gemv`` section
+of the device's tuned file (kernels/tuning/tuned_file.py: one file per device, keyed by device, arch,
+Triton, torch and the kernels hash), which the tuning command fills for a model's shapes; a shape the
+file lacks is measured at engine start and merged into it, so a later start only loads it. While
+timing, the Triton kernel of every row bucket is compiled; shapes read from the file compile theirs
+in ``warm``, so nothing compiles once a model is serving. With ``VLLM_DCU_GEMV_PARAMS`` set, the
+file's choices (timed with other launch options) are not used and nothing is written.
 
 This module is independent of vLLM (torch only; Triton only through the callables it is given):
 vLLM's side (vllm.dcu.gemv, patch 0007) supplies the two GEMMs and the logger; kernels/gemv/bench.py
@@ -15,29 +18,28 @@ Environment:
   VLLM_DCU_GEMV             auto (default: measured) | triton (always the GEMV for <= 8 rows) |
                             platform (always the platform GEMM) | off (no hook at all: upstream's
                             code path, not even the custom op)
-  VLLM_DCU_GEMV_CACHE_DIR   where the table is cached (default ~/.cache/vllm-dcu)
+  VLLM_DCU_CACHE_DIR        where the tuned file lives (default ~/.cache/vllm-dcu; VLLM_DCU_GEMV_CACHE_DIR
+                            is still read); VLLM_DCU_TUNED_FILE names the file itself
   VLLM_DCU_GEMV_SILU_MUL    1 (default) | 0: offer the gate_up GEMV fused with SiLU-and-mul (it is then
                             measured against the platform GEMM + a separate SiLU-and-mul like any shape)
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
+from ..tuning import tuned_file
+
 MODES = ("auto", "triton", "platform", "off")
 ENV_MODE = "VLLM_DCU_GEMV"
-ENV_CACHE_DIR = "VLLM_DCU_GEMV_CACHE_DIR"
 ENV_SILU_MUL = "VLLM_DCU_GEMV_SILU_MUL"
 HYSTERESIS = 0.01
 BUCKETS = (1, 2, 4, 8)
-CACHE_FORMAT = 1
 
 
 def read_mode(environ=None) -> str:
@@ -58,24 +60,6 @@ def read_silu_mul(environ=None) -> bool:
     if val not in ("0", "1"):
         raise ValueError(f"{ENV_SILU_MUL}={raw!r} is not one of 0, 1")
     return val == "1"
-
-
-def code_digest() -> str:
-    """Hash of the GEMV's source files (kernels, launch parameters, this dispatch): part of the cache
-    identity, so a changed kernel is measured again."""
-    h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for name in ("gemv.py", "silu_mul.py", "launch_params.py", "dispatch.py"):
-        h.update(name.encode())
-        h.update((here / name).read_bytes())
-    return h.hexdigest()[:16]
-
-
-def default_cache_dir(environ=None) -> Path:
-    environ = os.environ if environ is None else environ
-    if environ.get(ENV_CACHE_DIR):
-        return Path(environ[ENV_CACHE_DIR]).expanduser()
-    return Path.home() / ".cache" / "vllm-dcu"
 
 
 def bucket_of(rows: int) -> int | None:
@@ -111,34 +95,6 @@ class ShapeKey:
                 f"{':bias' if self.bias else ''}")
 
 
-def cache_identity(device: str, versions: dict) -> dict:
-    """What a cached table is valid for: the device's name and the software versions (torch, Triton,
-    vllm-dcu, the GEMV's launch parameters ...). Any change gives another file."""
-    ident = {"format": CACHE_FORMAT, "device": device}
-    ident.update({k: str(v) for k, v in sorted(versions.items())})
-    return ident
-
-
-def cache_file(cache_dir: Path | str, identity: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(cache_dir) / f"gemv-dispatch-{digest}.json"
-
-
-def write_json_atomic(path: Path, doc: dict):
-    """Write ``doc`` to ``path`` whole or not at all: a temporary file in the same folder, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _us(v) -> float | None:
     """A time for the table: rounded to 0.01 us; None for a missing or non-finite one (JSON has no NaN)."""
     if v is None:
@@ -166,64 +122,71 @@ class DispatchTable:
     first seen then runs on the platform GEMM, and this is logged.
     """
 
-    def __init__(self, mode: str, identity: dict, cache_dir: Path | str | None = None,
+    def __init__(self, mode: str, identity: dict, path: Path | str | None = None,
                  log: Callable[[str], None] = print, warn: Callable[[str], None] | None = None,
-                 hysteresis: float = HYSTERESIS):
+                 hysteresis: float = HYSTERESIS, tuned: Callable[[], object] | None = None,
+                 use_file: bool = True):
+        """``identity``: the device's (tuned_file.device_identity); ``path``: its tuned file (default: where
+        the tuning command writes it); ``tuned``: a callable giving the already loaded file (the engine's one
+        loader, kernels/tuning/decisions.active_file), else the file at ``path`` is loaded here;
+        ``use_file=False``: neither read nor write it (launch options overridden by a variable)."""
         if mode not in MODES:
             raise ValueError(f"{ENV_MODE}={mode!r} is not one of {', '.join(MODES)}")
         self.mode = mode
         self.identity = identity
-        self.path = cache_file(cache_dir if cache_dir is not None else default_cache_dir(), identity)
+        self.path = Path(path) if path is not None else tuned_file.default_path(identity)
         self.log = log
         self.warn = warn or log
         self.hysteresis = hysteresis
+        self.use_file = use_file
+        self._tuned = tuned
         self.entries: dict[str, dict[int, dict]] = {}
         self.frozen = False
         self.timing_s = 0.0  # time spent measuring and warming (first start) or warming (cached)
-        self._cached: dict | None = None  # the cache file's entries, read on first need
+        self._cached: dict | None = None  # the tuned file's gemv entries, read on first need
+        self.why: dict[str, str] = {}  # shape id -> why it runs on the platform GEMM (fallback, late shape)
+        self.measured_now: set[str] = set()  # shapes measured in this process (not in the tuned file)
 
-    # -- cache ---------------------------------------------------------------------------------
+    # -- the tuned file's gemv section ----------------------------------------------------------
     def _read_cache(self) -> dict:
-        """Entries of the cache file (empty when missing, unreadable or for another identity)."""
-        try:
-            with open(self.path) as f:
-                doc = json.load(f)
-        except FileNotFoundError:
+        """The gemv entries of the tuned file (empty when switched off, missing, unreadable or for another
+        identity: tuned_file.load says why in one line)."""
+        if not self.use_file:
             return {}
-        except (OSError, ValueError) as e:
-            self.warn(f"dcu-gemv: ignoring unreadable cache {self.path} ({type(e).__name__}: {e}); re-measuring")
-            return {}
-        ok = isinstance(doc, dict) and doc.get("identity") == self.identity and isinstance(doc.get("entries"), dict)
-        if not ok:
-            self.warn(f"dcu-gemv: ignoring cache {self.path}: not a table for this device and versions")
-            return {}
-        return doc["entries"]
+        tf = self._tuned() if self._tuned is not None else tuned_file.load(self.path, self.identity, self.warn)
+        return dict(tf.gemv_entries()) if tf is not None else {}
 
     def _cached_entry(self, key: ShapeKey) -> dict[int, dict] | None:
         if self._cached is None:
             self._cached = self._read_cache()
         raw = self._cached.get(key.id)
-        if not isinstance(raw, dict) or {str(b) for b in BUCKETS} - set(raw):
+        if raw is None or tuned_file.check_gemv_entry(key.id, raw) is not None:
             return None
-        try:
-            entry = {b: {"choice": raw[str(b)]["choice"], "triton_us": _us(raw[str(b)]["triton_us"]),
-                         "platform_us": _us(raw[str(b)]["platform_us"])} for b in BUCKETS}
-        except (KeyError, TypeError, ValueError):
-            return None
-        if any(e["choice"] not in ("triton", "platform") for e in entry.values()):
-            return None
-        return entry
+        return {b: {"choice": raw[str(b)]["choice"], "triton_us": _us(raw[str(b)].get("triton_us")),
+                    "platform_us": _us(raw[str(b)].get("platform_us"))} for b in BUCKETS}
 
     def _save(self, key: ShapeKey, entry: dict[int, dict]):
-        """Merge one measured shape into the cache file (re-read first: another process, e.g. another
-        tensor-parallel rank, may have added shapes), written atomically."""
-        entries = self._read_cache()
-        entries[key.id] = {str(b): dict(e) for b, e in entry.items()}
-        self._cached = entries
+        """Merge one measured shape into the tuned file (re-read first: another process, e.g. another
+        tensor-parallel rank, or the tuning command may have written it since), written atomically. A file
+        for another identity, or an unreadable one, is replaced by a new one holding this table."""
+        if self._cached is None:
+            self._cached = {}
+        self._cached[key.id] = {str(b): dict(e) for b, e in entry.items()}
+        if not self.use_file:
+            return
         try:
-            write_json_atomic(self.path, {"identity": self.identity, "entries": entries})
-        except OSError as e:
-            self.warn(f"dcu-gemv: could not write the cache {self.path} ({e}); the next start measures again")
+            doc = json.loads(self.path.read_text())
+            if tuned_file.check_doc(doc) or doc["identity"] != self.identity:
+                doc = None
+        except (OSError, ValueError):
+            doc = None
+        if doc is None:
+            doc = tuned_file.new_doc(self.identity, {}, "engine")
+        doc["gemv"][key.id] = {str(b): dict(e) for b, e in entry.items()}
+        try:
+            tuned_file.write(self.path, doc)
+        except (OSError, ValueError) as e:
+            self.warn(f"dcu-gemv: could not write the tuned file {self.path} ({e}); the next start measures again")
 
     # -- choices -------------------------------------------------------------------------------
     def ensure(self, key: ShapeKey, measure: Callable[[int], tuple[float, float]],
@@ -241,6 +204,7 @@ class DispatchTable:
             entry = {b: {"choice": "platform"} for b in BUCKETS}
             when = "during CUDA/HIP graph capture" if capturing else "after the warm-up"
             self.warn(f"dcu-gemv: {key.id} first seen {when}: not measured, runs on the platform GEMM")
+            self.why[key.id] = f"first seen {when}"
             self.entries[key.id] = entry
             return entry
         elif self.mode == "triton":
@@ -251,7 +215,7 @@ class DispatchTable:
         else:
             entry = self._cached_entry(key)
             if entry is not None:
-                how = f"cached, {self.path.name}"
+                how = f"tuned file {self.path.name}"
                 for b in BUCKETS:
                     if entry[b]["choice"] == "triton":
                         warm(b)
@@ -262,6 +226,7 @@ class DispatchTable:
                     entry[b] = {"choice": decide(t_us, p_us, self.hysteresis), "triton_us": _us(t_us),
                                 "platform_us": _us(p_us)}
                 how = "measured"
+                self.measured_now.add(key.id)
                 self._save(key, entry)
         self.timing_s += time.perf_counter() - t0
         self.entries[key.id] = entry
@@ -272,6 +237,7 @@ class DispatchTable:
         """Record that ``key`` runs on the platform GEMM (e.g. its measurement failed), logged once."""
         entry = {b: {"choice": "platform"} for b in BUCKETS}
         self.entries[key.id] = entry
+        self.why[key.id] = why
         self.warn(f"dcu-gemv: {key.id}: {why}; runs on the platform GEMM")
         return entry
 
@@ -291,7 +257,24 @@ class DispatchTable:
         pairs = [e["choice"] for entry in self.entries.values() for e in entry.values()]
         self.log(f"dcu-gemv: table complete ({self.mode}): {len(self.entries)} shapes, the Triton GEMV in "
                  f"{pairs.count('triton')} of {len(pairs)} (shape, row bucket) pairs; "
-                 f"{self.timing_s:.2f} s spent measuring/warming; cache {self.path}")
+                 f"{self.timing_s:.2f} s spent measuring/warming; tuned file {self.path}")
+
+
+    def summary_lines(self) -> list[str]:
+        """The decision table's GEMV lines: per shape and row bucket, which side runs and the measured ratio
+        (GEMV / platform time), or why."""
+        lines = []
+        for sid in sorted(self.entries):
+            parts = []
+            for b in BUCKETS:
+                e = self.entries[sid][b]
+                t, p = e.get("triton_us"), e.get("platform_us")
+                ratio = f" {t / p:.2f}x" if t and p else ""
+                parts.append(f"{b} row{'s' if b > 1 else ''} {'ours' if e['choice'] == 'triton' else 'platform'}{ratio}")
+            why = self.why.get(sid) or ("measured at start" if sid in self.measured_now else
+                                        "tuned file" if self.mode == "auto" else f"{ENV_MODE}={self.mode}")
+            lines.append(f"gemv {sid}  {', '.join(parts)} ({why})")
+        return lines
 
 
 # --- timing on the device (torch only) ----------------------------------------------------------

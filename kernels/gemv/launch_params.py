@@ -264,13 +264,14 @@ _CACHE: dict = {}
 def get_params(target: str, override: str | None = None) -> dict:
     """The entry for ``target`` with ``VLLM_DCU_GEMV_PARAMS`` (or ``override``) applied; validated.
     Callers must not modify the returned dict (it is cached per target and override text)."""
-    return cached_entry(_CACHE, ENV_VAR, _build_params, target, override)
+    return cached_entry(_CACHE, ENV_VAR, _build_params, target, override, family="gemv")
 
 
-def _build_params(target: str, text: str) -> dict:
+def _build_params(target: str, text: str, base: dict | None = None) -> dict:
     if target not in PARAMS:
         raise ValueError(f"no gemv launch parameters for target {target!r}; known: {sorted(PARAMS)}")
-    entry = json.loads(json.dumps(PARAMS[target]))  # deep copy
+    # deep copy; base: the entry with the tuned file's override (targets.py)
+    entry = json.loads(json.dumps(PARAMS[target] if base is None else base))
     where = f"gemv params for {target}"
     if text.strip():
         ov = _parse_override(text)

@@ -4,7 +4,9 @@ Layout contract: docs/kv-cache-layout.md. Public names:
 
 * ``layout.KV_QUANT_DTYPES`` (the cache dtype names, the one list every patch and module reads),
   ``layout.split_kv_cache`` and the page-size helpers;
-* ``cache_write.reshape_and_cache_per_token_head`` (Triton launcher);
+* ``reshape_and_cache_per_token_head``: the engine's cache write (``cache_write.reshape_and_cache_routed``: the
+  Triton launcher ``cache_write.reshape_and_cache_per_token_head``, or its torch fallback where the device decided
+  so at start, kernels/tuning);
 * ``reference`` (torch, for tests and benchmarks).
 
 The Triton launcher is imported on first use: vLLM's config and dtype tables import ``layout`` at import time
@@ -32,8 +34,8 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "reshape_and_cache_per_token_head":
-        from .cache_write import reshape_and_cache_per_token_head
+        from .cache_write import reshape_and_cache_routed
 
-        globals()[name] = reshape_and_cache_per_token_head
-        return reshape_and_cache_per_token_head
+        globals()[name] = reshape_and_cache_routed
+        return reshape_and_cache_routed
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -340,3 +340,36 @@ def _launch_per_token(views, slot_mapping, num_tokens, launch, common, compile_o
         num_warps=launch["num_warps"],
         **common,
     )
+
+
+def reshape_and_cache_torch(key, value, k_codes, v_codes, k_scales, v_scales, slot_mapping, kv_quant,
+                            software_fp8=None) -> None:
+    """What the engine runs when our cache write failed its startup check on the device (kernels/tuning): the torch
+    quantizer of ``reference.py`` (the codes the kernel writes, byte for byte on the tested devices), scattered
+    through the same views. Capturable in a CUDA/HIP graph (no host sync): a negative slot (padding) writes to slot 0
+    of block 0, vLLM's null block, which no request reads. ``software_fp8`` is accepted for the same signature."""
+    from .reference import quantize_per_token_head
+
+    num_tokens = slot_mapping.shape[0]
+    if num_tokens == 0:
+        return
+    block_size = k_codes.shape[1]
+    slots = slot_mapping.long()
+    valid = slots >= 0
+    blk = torch.where(valid, slots // block_size, torch.zeros_like(slots))
+    off = torch.where(valid, slots % block_size, torch.zeros_like(slots))
+    for src, codes, scales in ((key, k_codes, k_scales), (value, v_codes, v_scales)):
+        c, s = quantize_per_token_head(src[:num_tokens], kv_quant)
+        codes[blk, off] = c
+        scales[blk, off] = s
+
+
+def reshape_and_cache_routed(key, value, k_codes, v_codes, k_scales, v_scales, slot_mapping, kv_quant,
+                             software_fp8=None) -> None:
+    """The engine's cache write (patch 0002 imports it as ``kv_quant.reshape_and_cache_per_token_head``): the Triton
+    kernel, or the torch write where the device's decision for ``kv_write.<kind>`` is upstream's (VLLM_DCU_KV_WRITE=0,
+    the tuned file, or a failed startup check)."""
+    from ..tuning.decisions import runs_ours
+
+    write = reshape_and_cache_per_token_head if runs_ours(f"kv_write.{kv_quant}") else reshape_and_cache_torch
+    write(key, value, k_codes, v_codes, k_scales, v_scales, slot_mapping, kv_quant, software_fp8)

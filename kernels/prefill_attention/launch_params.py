@@ -125,13 +125,14 @@ _CACHE: dict = {}
 def get_params(target: str, override: str | None = None) -> dict:
     """The entry for ``target`` with ``VLLM_DCU_PREFILL_PARAMS`` (or ``override``) applied, validated and cached.
     Callers must not modify the returned dict."""
-    return cached_entry(_CACHE, ENV_VAR, _build, target, override)
+    return cached_entry(_CACHE, ENV_VAR, _build, target, override, family="prefill")
 
 
-def _build(target: str, text: str) -> dict:
+def _build(target: str, text: str, base: dict | None = None) -> dict:
     if target not in PARAMS:
         raise ValueError(f"no prefill-attention launch parameters for target {target!r}; known: {sorted(PARAMS)}")
-    entry = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PARAMS[target].items()}
+    base = PARAMS[target] if base is None else base  # base: the entry with the tuned file's override (targets.py)
+    entry = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     where = f"prefill-attention params for {target}"
     if text.strip():
         ov = _parse_override(text)

@@ -20,8 +20,9 @@ AUTHOR = ("vllm-dcu", "vllm-dcu@users.noreply.github.com")
 # build; without the hooks that import them they are inert.
 PACKAGES = (("kernels", "dcu_kernels"), ("dcu", "dcu"))
 # Benchmark and measurement scripts (run from the repository as `python -m kernels.<x>.bench`) stay out of the
-# wheel; nothing a build runs imports them.
-NOT_INSTALLED = ("bench*.py", "compile_check.py", "compile_tools.py", "numerics.py", "results_io.py")
+# wheel; nothing a build runs imports them. One list: the kernels hash of the tuned file (kernels/tuning) skips the
+# same files, so a checkout and its wheel hash alike.
+from kernels.tuning.tuned_file import NOT_SHIPPED as NOT_INSTALLED  # noqa: E402
 
 
 def git(tree: Path, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
