@@ -123,6 +123,52 @@ def test_decode_only_batch_runs_the_split_kv_kernel(backend_mod, monkeypatch):
     assert out[3].isnan().all()  # rows past the batch are left alone
 
 
+@pytest.mark.parametrize("failure", ["compile", "wrong"])
+def test_a_decode_kernel_failing_its_startup_check_hands_decode_to_triton_attn(backend_mod, monkeypatch, caplog,
+                                                                               failure):
+    """Issue #43: the builder runs the decode kernel once against its reference; a compile error or a wrong output
+    makes every decode batch take TRITON_ATTN's forward (one warning line), and the decision table says why."""
+    from vllm.dcu_kernels.tuning import decisions
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    from vllm.dcu import kernel_checks
+
+    real = kernel_checks._kernels()
+
+    def broken(q, *args, **kw):
+        if failure == "compile":
+            raise RuntimeError("triton.compiler.errors.CompilationError: at 12:4: unsupported")
+        out = real[0](q, *args, **kw)
+        return out.add_(1.0)
+
+    monkeypatch.setattr(kernel_checks, "_kernels", lambda: (broken, *real[1:]))
+    with caplog.at_level("WARNING", logger="vllm.dcu.tuning"):
+        meta = make_builder(backend_mod).build(0, common_metadata([1] * 3, [40, 3, 17]))
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= 30]
+    why = "failed to compile or run: RuntimeError" if failure == "compile" else "differs from upstream: batch 1"
+    assert line.startswith(f"vllm-dcu: decode.bf16: our kernel {why}") and "unified attention runs instead" in line
+    assert not decisions.runs_ours("decode.bf16")
+    seen = []
+    monkeypatch.setattr(TritonAttentionImpl, "forward", lambda *a, **k: seen.append("triton_attn"))
+    q = torch.randn(3, HQ, D).to(torch.bfloat16)
+    make_impl(backend_mod).forward(None, q, None, None, torch.zeros(24, 2, BS, HKV, D).bfloat16(), meta,
+                                   output=torch.empty_like(q))
+    assert seen == ["triton_attn"]
+    table = decisions.table_lines()
+    assert any(r.startswith("decode.bf16") and f"upstream (unified attention): {why}" in r for r in table)
+
+
+def test_a_decode_kernel_forced_with_its_variable_fails_the_start_with_one_error(backend_mod, monkeypatch):
+    from vllm.dcu import kernel_checks
+
+    real = kernel_checks._kernels()
+    monkeypatch.setattr(kernel_checks, "_kernels", lambda: (lambda *a, **k: 1 / 0, *real[1:]))
+    monkeypatch.setenv("VLLM_DCU_DECODE_ATTN", "1")
+    with pytest.raises(RuntimeError, match=r"decode.bf16 failed to compile or run: ZeroDivisionError.*forced with "
+                                           r"VLLM_DCU_DECODE_ATTN=1"):
+        make_builder(backend_mod)
+
+
 def test_builder_splits_the_leading_decode_rows_off_a_mixed_batch(backend_mod, monkeypatch):
     builder = make_builder(backend_mod, max_num_seqs=8)
     cm = common_metadata([1, 1, 5, 1, 3], [40, 3, 17, 9, 30])
