@@ -34,8 +34,10 @@ STEPS = """Scoreboard for HEAD (one nvidia-h200, three device calls of at most 1
 
   ./build.sh --without 0001,0002,0003,0004,0006,0007,0008,0009 --dist dist/base   # 0.18.1 + inert packages
   ./build.sh                                                                      # HEAD's build
-  python -m ci.gpu.bundle --wheel dist/base/*.whl dist/vllm-*.whl --name base --name full
-  (optional, shorter first start: tar xzf <an earlier call's results.tgz> -C .gpu triton-autotune; carry .gpu)
+  rm -rf .bundle && python -m ci.gpu.bundle --wheel dist/base/*.whl dist/vllm-*.whl dist/vllm-*.whl \\
+      --name base --name full --name full8
+  mkdir -p .gpu && tar xzf bench/results/raw/2026-12-04-session20/call4/results.tgz -C .gpu triton-autotune
+  (after each call: tar xzf <its files_at>/results.tgz -C .gpu triton-autotune)
 
 {calls}
   python -m bench.scoreboard --collect <call 1 files> <call 2 files> <call 3 files>
@@ -44,7 +46,7 @@ STEPS = """Scoreboard for HEAD (one nvidia-h200, three device calls of at most 1
 
 
 def plan_text() -> str:
-    calls = "\n".join(f"  call {i}: device run (kind nvidia-h200, carry [\".bundle\"] or [\".bundle\", \".gpu\"]):\n"
+    calls = "\n".join(f"  call {i}: device run (kind nvidia-h200, carry [\".bundle\", \".gpu\"]):\n"
                       f"          {DEVICE_CMD.format(plan=p)}" for i, p in enumerate(PLANS, 1))
     return STEPS.format(calls=calls)
 
