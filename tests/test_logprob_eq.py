@@ -168,18 +168,18 @@ def test_loader_registers_with_vllm_and_reinitialises_through_it(vllm_tree):
 def test_engine_kwargs_use_the_loader_and_a_cheap_engine_start():
     from ci.gpu import harness
 
-    cfg = leq.make_config("x", "DCU_TRITON_ATTN", "int8_per_token_head", work="/tmp/w", layers=8,
+    cfg = leq.make_config("x", "DCU_TRITON_ATTN", "int8_per_token_head", work="<tmp>/w", layers=8,
                           lengths=[4096, 1024], steps=8)
     assert cfg["lengths"] == [1024, 4096] and cfg["max_len"] == 4096 + 8 + 64
     assert cfg["env"] == {"VLLM_DCU_GEMV": "off"} and cfg["scales"] == sw.Scales().to_dict()
-    kw = leq.engine_kwargs(harness, "/tmp/w/model-l8", cfg, sw.LOAD_FORMAT)
+    kw = leq.engine_kwargs(harness, "<tmp>/w/model-l8", cfg, sw.LOAD_FORMAT)
     assert kw["load_format"] == sw.LOAD_FORMAT and kw["model_loader_extra_config"] == sw.Scales().to_dict()
     assert kw["attention_backend"] == "DCU_TRITON_ATTN" and kw["kv_cache_dtype"] == "int8_per_token_head"
     assert kw["max_logprobs"] == -1 and kw["enable_prefix_caching"] is False and kw["skip_tokenizer_init"] is True
     assert kw["compilation_config"] == {"custom_ops": ["none"], "mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
                                         "cudagraph_capture_sizes": [1, 2, 4]}
     with pytest.raises(ValueError, match="kv must be one of"):
-        leq.make_config("x", "TRITON_ATTN", "fp8", work="/tmp/w", layers=8, lengths=[8], steps=1)
+        leq.make_config("x", "TRITON_ATTN", "fp8", work="<tmp>/w", layers=8, lengths=[8], steps=1)
 
 
 # --- tolerance derivation ------------------------------------------------------------------------------------

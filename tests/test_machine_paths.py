@@ -1,0 +1,46 @@
+"""No tracked file names a path of one machine (/root/..., /home/<user>/..., /tmp/..., /work/...): results, logs,
+plans, docs and code say `<tmp>/...`, `<out>`, `<repo>` or a path relative to the repository (bench/machine_paths.py)."""
+import os
+import subprocess
+
+from bench.machine_paths import find, scrub
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the two files that spell the patterns out; nothing else is exempt
+ALLOWED = {"bench/machine_paths.py", "tests/test_machine_paths.py"}
+
+
+def tracked_text_files():
+    out = subprocess.run(["git", "-C", REPO, "ls-files", "-z"], capture_output=True, check=True).stdout
+    for rel in out.decode().split("\0"):
+        if not rel or rel in ALLOWED:
+            continue
+        try:
+            with open(os.path.join(REPO, rel), "rb") as f:
+                data = f.read()
+        except (FileNotFoundError, IsADirectoryError):
+            continue  # deleted in the work tree, or a submodule
+        if b"\0" in data:
+            continue  # binary (PNG, tarballs); their text members were scrubbed before packing
+        yield rel, data.decode("utf-8", errors="replace")
+
+
+def test_no_tracked_file_names_a_machine_path():
+    hits = [f"{rel}: {line}" for rel, text in tracked_text_files() for line in find(text)]
+    assert not hits, f"{len(hits)} machine path(s), first: " + "\n".join(hits[:10])
+
+
+def test_the_pattern_finds_host_paths_and_leaves_relative_and_device_paths():
+    for bad in ("--out /root/out", "log /tmp/jobs-res/a.log", "/home/me/x", "PYTHONPATH=/work/main:x",
+                '"work": "/tmp/jobs-work/contest"'):
+        assert find(bad), bad
+    for good in ("bench/results/raw/x.log", "/dev/shm", "<tmp>/jobs-res/a", "$TMPDIR/x", "framework/tmp/x",
+                 "/usr/local/cuda/bin", "/opt/nvidia/nsight-compute"):
+        assert not find(good), good
+
+
+def test_scrub_names_each_folder_by_its_role():
+    assert scrub("--out /root/out --work /tmp/jobs-work/e2e") == "--out <out> --work <tmp>/jobs-work/e2e"
+    assert scrub("PYTHONPATH=/tmp/variants/full:/work/main:/work/main/ci/gpu/diag") == \
+        "PYTHONPATH=<tmp>/variants/full:<repo>:<repo>/ci/gpu/diag"
+    assert not find(scrub("/home/someone/.cache/x /root/.triton/cache /work/.device/y"))
