@@ -128,7 +128,8 @@ def serve_steps(docs: list[dict], protocol: str = "contest") -> dict:
         if (s["baseline"], _candidate(s)) != (base, cand):
             raise ScoreboardError(f"step {s.get('stem')} compares {_candidate(s)} with {s['baseline']}, the "
                                   f"first step {cand} with {base}")
-    order = [r["variant"] for s in steps for r in s.get("plan", [])]
+    # the builds that ran, in order (a build the deadline skipped is in the step's plan, not its runs)
+    order = [v for s in steps for v in dict.fromkeys(r["variant"] for r in s["runs"])]
     tiers = {}
     for t in TIERS:
         per = {b: [r for s in steps for r in _runs(s, b, t, protocol)] for b in (base, cand)}
@@ -241,11 +242,25 @@ def build(inputs: list[dict], commit: str, date: str | None, label: str | None) 
     sb = {"schema": SCHEMA, "commit": commit, "date": date or by["contest"][0]["doc"].get("date"),
           "label": label, "inputs": [d["file"] for d in inputs]}
     sb["contest"] = serve_steps(by["contest"])
-    sb["l64"] = serve_steps(by["l64"]) if by["l64"] else None
-    sb["kv8_load"] = serve_steps(by["kv8_load"], "load") if by["kv8_load"] else None
-    sb["e2e"] = e2e_part(by["e2e"]) if by["e2e"] else None
-    sb["robustness"] = robustness_part(by["robustness"]) if by["robustness"] else None
-    sb["missing"] = [k for k in PARTS if not by[k]]
+    incomplete = {}
+
+    def optional(kind, part, *args):
+        """A part other than the contest serve: None when it did not run or its results cannot make the part
+        (e.g. the deadline skipped one build), with the reason kept for the report."""
+        if not by[kind]:
+            return None
+        try:
+            return part(by[kind], *args)
+        except ScoreboardError as e:
+            incomplete[kind] = str(e)
+            return None
+
+    sb["l64"] = optional("l64", serve_steps)
+    sb["kv8_load"] = optional("kv8_load", serve_steps, "load")
+    sb["e2e"] = optional("e2e", e2e_part)
+    sb["robustness"] = optional("robustness", robustness_part)
+    sb["missing"] = [k for k in PARTS if not by[k] or k in incomplete]
+    sb["incomplete"] = incomplete
     c = sb["contest"]
     notes = []
     if not c["baseline_first_and_last"]:

@@ -172,7 +172,8 @@ def plot_tier(sb: dict, tier: str, path: str) -> None:
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     for i, (k, title) in enumerate(RATIO_KEYS):
         v, steps, sp = row["ratio"][k], row["step_ratios"][k], row["base_spread"][k]
-        lo, hi = (min(steps), max(steps)) if steps else (v, v)
+        # the pooled ratio need not lie between the steps' own (one step may hold the candidate's only run)
+        lo, hi = (min(*steps, v), max(*steps, v)) if steps else (v, v)
         ax.bar(i, v, color="#4878a8", width=0.6)
         ax.errorbar(i, v, yerr=[[v - lo], [hi - v]], color="black", capsize=6)
         if sp:
