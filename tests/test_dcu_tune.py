@@ -187,6 +187,7 @@ def test_an_interrupt_halfway_leaves_no_file(tune, tmp_path, monkeypatch):
     (["--model", "qwen3.5-27b", "--fast"], "error: unrecognized arguments: --fast"),
     (["--model", "qwen3.5-27b", "--quick", "--full"], "error: argument --full: not allowed with argument --quick"),
     ([], "error: one of the arguments --model --model-config is required"),
+    (["--model", "qwen3.5-27b", "--full", "--sweep-budget-s", "0"], "error: --sweep-budget-s must be a positive"),
 ])
 def test_bad_input_is_one_error_line_exit_2_and_no_file(vllm_tree, tmp_path, args, message):
     (tmp_path / "bad.json").write_text(json.dumps({**TOY, "num_key_value_heads": 0}))

@@ -1,10 +1,12 @@
 """python -m vllm.dcu.tune (--model NAME | --model-config PATH/config.json) [--quick | --full] [--out PATH]
+    [--sweep-budget-s S]
 
 Measures this device and writes its tuned file (default: tuned_file.default_path of the device's identity, i.e.
 VLLM_DCU_TUNED_FILE or <cache>/tuned/<arch>-<device>.json). Phases, one progress line each: decode attention, prefill
 attention, the decode GEMV, the 8-bit KV write. --quick (default): the launch tables' entries only (compile, check
 against upstream, time beside it); --full: first a sweep of launch candidates around each entry (decode <= 8 per
-width, prefill <= 8 per width, GEMV <= 5 per shape and row bucket). The file is written at the end, whole or not at
+width, prefill <= 8 per width, GEMV <= 5 per shape and row bucket; --sweep-budget-s caps the sweep's time, candidates
+left out are recorded as skipped). The file is written at the end, whole or not at
 all: an error or Ctrl-C halfway leaves none. Bad input: one ``error: ...`` line, exit 2.
 Triton's CPU interpreter (TRITON_INTERPRET=1) runs the flow at toy sizes (for tests; its times mean nothing).
 """
@@ -35,7 +37,13 @@ def parse_args(argv):
     mode.add_argument("--quick", action="store_true", help="the launch tables' entries only (default)")
     mode.add_argument("--full", action="store_true", help="sweep launch candidates around each entry first")
     ap.add_argument("--out", help="write the tuned file here instead of the device's default path")
-    return ap.parse_args(argv)
+    ap.add_argument("--sweep-budget-s", type=float, default=None, metavar="S",
+                    help="--full: try no further candidate S seconds after the start (the tables' entries are always "
+                         "measured; default: no limit)")
+    args = ap.parse_args(argv)
+    if args.sweep_budget_s is not None and not args.sweep_budget_s > 0:
+        ap.error(f"--sweep-budget-s must be a positive number of seconds, got {args.sweep_budget_s:g}")
+    return args
 
 
 def _log(msg):
@@ -77,8 +85,11 @@ def tune(args) -> int:
 
     from . import attention, gemv, kv_write, report
 
+    from .common import SWEEP_DEADLINE
+
     mode = "full" if args.full else "quick"
     t_start = time.perf_counter()
+    SWEEP_DEADLINE["t"] = time.monotonic() + args.sweep_budget_s if args.sweep_budget_s else None
     _log(f"tune: {model.name} ({model.heads_q} q / {model.heads_kv} kv heads x {model.head_dim}, pages "
          f"{model.pages}, {len(model.gemms)} GEMMs) on {identity['device']} ({identity['arch']}), {mode}; "
          f"writes {out}")

@@ -120,6 +120,13 @@ def time_us(calls: dict, copies: int = 1, reps: int = 10) -> dict:
     return out
 
 
+SWEEP_DEADLINE = {"t": None}  # time.monotonic() after which --full tries no further candidate (--sweep-budget-s)
+
+
+def sweep_over() -> bool:
+    return SWEEP_DEADLINE["t"] is not None and time.monotonic() > SWEEP_DEADLINE["t"]
+
+
 def geomean(xs) -> float:
     xs = list(xs)
     return math.exp(sum(math.log(x) for x in xs) / len(xs))

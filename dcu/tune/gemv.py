@@ -14,7 +14,7 @@ from vllm.dcu_kernels.gemv.gemv import gemv
 from vllm.dcu_kernels.gemv.silu_mul import silu_and_mul
 from vllm.dcu_kernels.tuning import candidates
 
-from .common import GEMV_MAX_REL, Failed, base_override, one_line, run_ours, time_us
+from .common import GEMV_MAX_REL, Failed, base_override, one_line, run_ours, sweep_over, time_us
 
 BETTER = 0.97  # a candidate replaces the table's launch when it takes less than this share of its time (bench.py)
 
@@ -99,6 +99,9 @@ def run(shapes, dev, full: bool, rows: list, log):
                     gemv_params.check_config(dict(cand), "candidate", rocm=rocm, rows=b, silu_mul=silu)
                 except ValueError as e:
                     rows.append({**row, "skipped": one_line(e)})
+                    continue
+                if label != "table" and sweep_over():
+                    rows.append({**row, "skipped": "sweep budget spent (--sweep-budget-s)"})
                     continue
                 try:
                     if label != "table":
