@@ -81,9 +81,11 @@ def test_files_edited_after_install_are_used_reported_and_checked(synth, tmp_pat
     site = installed(tmp_path)
     cache = site / "vllm" / "config" / "cache.py"
     cache.write_text(cache.read_text().replace("setting_30 = 30\n", "setting_30 = 31  # edited in place\n"))
+    (site / "vllm" / "_rocm_C.abi3.so").write_bytes(b"dropped in by hand")  # not the distribution's: left out
     env = dict(env, PYTHONPATH=str(site))
     p = build(repo, "--check", "--base-installed", env=env)
     assert "1 edited after install: vllm/config/cache.py" in p.stdout, p.stdout
+    assert "note    1 file under" in p.stdout and "not in vllm's RECORD, left out: vllm/_rocm_C.abi3.so" in p.stdout
     assert "check   0001-new-module.patch: applies" in p.stdout
     assert_one_error_line(p, "1 of 3 patches do not apply", "0002-edit-cache.patch")
     assert "0002-edit-cache.patch: FAILS: vllm/config/cache.py hunk 1 (line 28)" in p.stdout, p.stdout
@@ -92,6 +94,7 @@ def test_files_edited_after_install_are_used_reported_and_checked(synth, tmp_pat
     assert q.returncode == 0, q.stderr
     with zipfile.ZipFile(next((tmp_path / "o").glob("*.whl"))) as zf:
         assert b"setting_30 = 31  # edited in place" in zf.read("vllm/config/cache.py")
+        assert "vllm/_rocm_C.abi3.so" not in zf.namelist()
 
 
 def _record_without(site: Path, name: str) -> None:

@@ -111,6 +111,13 @@ def installed_base_wheel(out_dir: Path) -> tuple[Path, str]:
     if missing:
         raise BuildError(f"--base-installed: {len(missing)} files of vllm's RECORD are missing under {root}, e.g. "
                          f"{missing[0]} (a damaged install: reinstall it)")
+    listed = {p for p, _ in members}
+    extra = sorted(f.relative_to(root).as_posix() for f in (root / "vllm").rglob("*")
+                   if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"
+                   and f.relative_to(root).as_posix() not in listed)
+    if extra:  # e.g. an extension dropped in by hand: not the distribution's, so not carried (pip keeps it)
+        log(f"note    {len(extra)} file{'s' * (len(extra) != 1)} under {root / 'vllm'} not in vllm's RECORD, left out: "
+            f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")
     tag = wheel_tag(root, dist_info)
     version = dist.version
     out_dir.mkdir(parents=True, exist_ok=True)
