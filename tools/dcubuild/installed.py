@@ -36,8 +36,9 @@ def find_distribution() -> md.Distribution:
                          f"(run build.sh with the Python that has it: PYTHON=/path/to/python ./build.sh ...)") from None
     version = dist.version or "?"
     if re.search(r"[+.]dcu\.", version):
-        raise BuildError(f"--base-installed: the installed vllm {version} is already a vllm-dcu build; reinstall "
-                         f"the base it was built on (its vllm/dcu_patchset.json names it) and build again")
+        raise BuildError(f"--base-installed: the installed vllm {version} is already a vllm-dcu build; build with "
+                         f"--base-wheel on the base it was made from (--base-installed left it in "
+                         f"build/installed-base/) or reinstall that base first")
     if not VERSION_RE.match(version):
         raise BuildError(f"--base-installed: the installed vllm is {version}, not 0.18.1 (this series is for "
                          f"vLLM 0.18.1 and its DCU builds, e.g. 0.18.1+das.dtk2604)")
