@@ -6,7 +6,8 @@
 #   ./build.sh --ablation           baseline + every cumulative prefix into dist/ablation/
 #   ./build.sh --check | --list     apply only and report
 #   ./build.sh --edit / --refresh   developer loop (see docs/developing.md)
-#   ./build.sh --base-wheel FILE    overlay on another wheel (vllm_cscc's, in the DCU container)
+#   ./build.sh --base-installed     overlay on the vllm installed in $PYTHON (the DCU container's 0.18.1+das...)
+#   ./build.sh --base-wheel FILE    overlay on another wheel (e.g. a vllm_cscc build)
 #   ./build.sh --source DIR         apply to a source checkout and run its own wheel build
 # The steps live in tools/dcubuild/ (run as a module from the repository root); each prints one line.
 set -euo pipefail

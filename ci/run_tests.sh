@@ -12,11 +12,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "test-env: creating $VENV"
   "$PY3" -m venv "$VENV"
 fi
-want=$(sha256sum ci/requirements-cpu.txt | cut -d' ' -f1)
+# VLLM_DCU_REQUIREMENTS_OVER: a second file installed over the first (ci/container_lane.sh: the container's stack)
+reqs=(ci/requirements-cpu.txt ${VLLM_DCU_REQUIREMENTS_OVER:+"$VLLM_DCU_REQUIREMENTS_OVER"})
+want=$(cat "${reqs[@]}" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$VENV/.requirements.sha256" 2>/dev/null)" != "$want" ]; then
-  echo "test-env: installing ci/requirements-cpu.txt (first run: a few minutes)"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r ci/requirements-cpu.txt
-  echo "$want" > "$VENV/.requirements.sha256"
+  for r in "${reqs[@]}"; do
+    echo "test-env: installing $r into $VENV (first run: a few minutes)"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$r"
+  done
+  echo "$want" > "$VENV/.requirements.sha256.tmp" && mv "$VENV/.requirements.sha256.tmp" "$VENV/.requirements.sha256"
 fi
 export PYTHON="$VENV/bin/python"
 # The patched vLLM tree the tests import (tests/conftest.py checks it): VLLM_DCU_TREE, else build/test-tree,

@@ -134,9 +134,13 @@ def copy_repo(dst: Path) -> Path:
 
 
 def build(repo: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    e = dict(os.environ)
-    e.update(env or {})
-    e["PYTHON"] = sys.executable
+    """build.sh in `repo` with this Python (env may set PYTHON; a value None removes the variable)."""
+    e = dict(os.environ, PYTHON=sys.executable)
+    for k, v in (env or {}).items():
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
     return subprocess.run(["bash", str(repo / "build.sh"), *args], cwd=repo, env=e, capture_output=True, text=True)
 
 

@@ -18,6 +18,7 @@ Modules, one concern each:
   stamp.py    version and vllm/dcu_patchset.json             wheel.py   reading and writing wheels
   verbs.py    build, ablation, check, tree                   edit.py    --edit / --refresh (developer loop)
   source.py   --source (a source checkout's own build)       testtree.py  the tests' cached patched tree
+  installed.py  --base-installed (the vllm installed in this Python, written as a base wheel)
   cli.py      the command line
 
 Errors end with one line ``error: ...`` on stderr and exit status 1 (2 for bad arguments); dist/ never holds a

@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--without", metavar="NNNN[,NNNN]", help="leave these patches out")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--base-wheel", metavar="FILE", help="overlay the series on this wheel (e.g. vllm_cscc's)")
+    src.add_argument("--base-installed", action="store_true",
+                     help="overlay the series on the vllm installed in this Python (PYTHON=...; the DCU container's)")
     src.add_argument("--source", metavar="DIR", help="apply the series to a source checkout and run its wheel build")
     ap.add_argument("--dist", metavar="DIR", default=None, help="output folder (default dist/)")
     ap.add_argument("--tree-dir", metavar="DIR", default=None, help="work tree (default build/tree)")
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace, repo: Path = REPO) -> None:
     if args.source:
         build_source(repo, Path(args.source).resolve(), chosen, out_dir, repo / "build" / "source")
         return
-    base = resolve_base(repo, args.base_wheel)
+    base = resolve_base(repo, args.base_wheel, args.base_installed)
     if args.check or args.list:
         return report_check(base, chosen, tree, listing=args.list)
     if args.edit:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .common import BuildError, log, sha256_file, shown
 from .fetch import fetch_base
+from .installed import installed_base_wheel
 from .series import Patch, Pins
 from .stamp import make_version, patchset_record, stamp_version_file, write_patchset_json
 from .tree import PACKAGES, apply_series, check_series, install_packages
@@ -22,8 +23,14 @@ class Base:
     dist_info: str
 
 
-def resolve_base(repo: Path, base_wheel: str | None) -> Base:
-    """The pinned upstream wheel (fetched and verified), or a given wheel (--base-wheel, not pinned)."""
+def resolve_base(repo: Path, base_wheel: str | None, base_installed: bool = False) -> Base:
+    """The pinned upstream wheel (fetched and verified), a given wheel (--base-wheel, not pinned), or the vLLM
+    installed in this Python written as a wheel (--base-installed, installed.py)."""
+    if base_installed:
+        path, version = installed_base_wheel(repo / "build" / "installed-base")
+        with open_wheel(path) as zf:
+            dist_info, _ = wheel_dist_info(zf)
+        return Base(path, sha256_file(path), version, dist_info)
     if base_wheel:
         path = Path(base_wheel)
         if not path.is_file() or not os.access(path, os.R_OK):
