@@ -91,8 +91,23 @@ def cached_entry(cache: dict, env_var: str, build, target: str, override: str | 
 
                 logging.getLogger("vllm.dcu.tuning").warning(
                     "vllm-dcu: tuned file's launch.%s refused (%s); the launch table's entry is used", family, e)
-        cache[key] = build(target, text) if base is None else build(target, text, base=base)
+        entry = build(target, text) if base is None else build(target, text, base=base)
+        if emulated_arch() and target == emulated_arch():  # the DCU rehearsal: Triton compiles for CUDA here
+            entry = _without_rocm_options(entry)
+        cache[key] = entry
     return cache[key]
+
+
+# launch options only ROCm's Triton knows (every family's tables use these names); CUDA's Triton refuses them
+ROCM_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim")
+
+
+def _without_rocm_options(obj):
+    """A copy of a launch entry without ROCm-only options at any depth: the DCU's entry, validated as the DCU's, made
+    launchable by CUDA's Triton for the rehearsal (VLLM_DCU_EMULATE_ARCH)."""
+    if isinstance(obj, dict):
+        return {k: _without_rocm_options(v) for k, v in obj.items() if k not in ROCM_ONLY_OPTIONS}
+    return obj
 
 
 _NUM_CUS: dict = {}  # device index -> multiprocessors (CUDA) / compute units (ROCm)

@@ -297,3 +297,28 @@ def test_kv_write_check_and_the_torch_write_it_falls_back_to(tuned, monkeypatch,
     monkeypatch.undo()
     cache_write.reshape_and_cache_per_token_head(key, value, *layout.split_kv_cache(caches[1], 32, kind), slots, kind)
     assert torch.equal(caches[0][1:], caches[1][1:])
+
+
+def test_the_dcu_rehearsal_takes_the_dcu_entry_without_rocm_only_options(monkeypatch):
+    """VLLM_DCU_EMULATE_ARCH on a CUDA GPU: the gfx936 entry, validated as the DCU's, minus the options CUDA's Triton
+    refuses; the portable conversions and software fp8, as on the DCU."""
+    from kernels import targets
+    from kernels.fp8_e4m3 import use_software_fp8
+    from kernels.prefill_attention import launch_params as prefill_params
+
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setenv(targets.EMULATE_ENV, "gfx936")
+    decisions.reset()
+    monkeypatch.setenv("VLLM_DCU_TUNED", "0")
+    assert targets.device_arch() == "gfx936" and use_software_fp8()
+    for mod in (decode_params, prefill_params):
+        mod._CACHE.clear()
+        entry = mod.get_params("gfx936")
+        assert "waves_per_eu" not in json.dumps(entry) and "matrix_instr_nonkdim" not in json.dumps(entry)
+        assert mod.PARAMS["gfx936"]["kv16"]["waves_per_eu"] >= 1  # the table itself keeps them for the DCU
+        mod._CACHE.clear()
+    assert decode_params.get_params("gfx936")["kv16"]["BLOCK_N"] == decode_params.PARAMS["gfx936"]["kv16"]["BLOCK_N"]
+    monkeypatch.setenv(targets.EMULATE_ENV, "gfx90a")
+    with pytest.raises(ValueError, match="VLLM_DCU_EMULATE_ARCH='gfx90a': supported values are gfx936, gfx928"):
+        targets.device_arch()
+    decode_params._CACHE.clear()
