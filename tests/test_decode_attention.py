@@ -785,7 +785,9 @@ def test_bench_dry_run_writes_json_markdown_and_png(tmp_path, monkeypatch):
     assert names == [".json", ".md", ".png"]
     kinds = {r["dtype"] for r in report["rows"]}
     assert kinds == {"bf16", "fp8_pth_hw", "fp8_pth_sw", "int8_pth"}
-    assert report["meta"]["suggested_launch_params_entry"]["kv16"]["BLOCK_N"] in (16, 32)
+    override = report["meta"]["suggested_override"]  # VLLM_DCU_DECODE_PARAMS's format, the tuned file's launch.decode
+    assert launch_params.get_params("interpreter", override=json.dumps(override))["kv16"]["BLOCK_N"] in (16, 32)
+    assert "VLLM_DCU_DECODE_PARAMS='" in md
     assert "| int8_pth | 2 | 100 |" in md
 
 

@@ -322,3 +322,42 @@ def test_the_dcu_rehearsal_takes_the_dcu_entry_without_rocm_only_options(monkeyp
     with pytest.raises(ValueError, match="VLLM_DCU_EMULATE_ARCH='gfx90a': supported values are gfx936, gfx928"):
         targets.device_arch()
     decode_params._CACHE.clear()
+
+
+# --- one format: a bench's suggestion is what the variables and the tuned file take --------------------------------
+
+@pytest.mark.parametrize("family,target,change", [
+    ("decode", "sm90", lambda e: e["kv8"].update(BLOCK_N=32) or e.update(programs_per_cu=3)),
+    ("decode", "sm90", lambda e: e["kv8"].pop("gluon")),  # a dropped option becomes null
+    ("decode", "gfx936", lambda e: e["kv16"].update(BLOCK_N=16, num_stages=1)),
+    ("prefill", "gfx936", lambda e: e["kv8_short"].update(BLOCK_M=16)),
+    ("gemv", "sm90", lambda e: e["rows"]["1"].update(num_warps=8)),
+])
+def test_a_suggestion_round_trips_through_the_variable_and_the_tuned_file(tuned, family, target, change):
+    from kernels.tuning import suggest
+
+    lp = suggest._launch_params(family)
+    entry = json.loads(json.dumps(lp.PARAMS[target]))
+    change(entry)
+    override = suggest.as_override(family, target, entry)
+    got = lp.get_params(target, override=json.dumps(override))  # the variable's path
+    assert suggest._strip(got) == suggest._strip(entry)
+    lines = suggest.suggestion_lines(family, target, entry)
+    var = tuned_file.FAMILIES[family]
+    assert lines[1].startswith(f"{var}='") and json.loads(lines[1][len(var) + 2:-1]) == override
+    if target == "sm90" and family == "decode":  # the tuned file's path: launch.<family> under no variable
+        tuned(launch={family: override})
+        lp._CACHE.clear()
+        assert suggest._strip(lp.get_params("sm90")) == suggest._strip(entry)
+        lp._CACHE.clear()
+
+
+def test_a_suggestion_the_format_cannot_express_is_reported_not_raised():
+    from kernels.tuning import suggest
+
+    entry = json.loads(json.dumps(decode_params.PARAMS["sm90"]))
+    entry["kv16"].pop("num_warps")  # a required option cannot be dropped with null
+    with pytest.raises(ValueError, match="cannot be written as VLLM_DCU_DECODE_PARAMS"):
+        suggest.as_override("decode", "sm90", entry)
+    fields, md = suggest.suggestion("decode", "sm90", entry)
+    assert fields["suggested_override"] is None and "No suggestion" in md

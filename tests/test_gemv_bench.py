@@ -31,12 +31,12 @@ def test_smoke_run_writes_json_and_markdown_and_prints_the_table_last(tmp_path, 
         assert r["pick"] in ("triton", "platform") and r["triton_us"] > 0 and r["platform_us"] > 0
         assert r["triton_err"] < 1e-2 and r["platform_err"] < 1e-2
     assert any(r.get("us") for r in doc["sweep"])
-    entry = doc["meta"]["suggested_launch_params_entry"]
-    assert entry["measured"] is True
-    text = json.dumps({k: entry[k] for k in ("rows", "silu_rows", "shapes")})
-    launch_params.get_params("interpreter", override=text)  # valid as a table entry
+    override = doc["meta"]["suggested_override"]  # the VLLM_DCU_GEMV_PARAMS format, as the tuned file keeps it
+    entry = launch_params.get_params("interpreter", override=json.dumps(override))
+    assert entry["rows"] and entry["silu_rows"]
     out = capsys.readouterr().out.rstrip().splitlines()
-    assert out[0].startswith("Suggested launch_params.PARAMS['interpreter']")
+    assert out[0].startswith("Suggested launch options for interpreter (the VLLM_DCU_GEMV_PARAMS format")
+    assert out[3] == f"VLLM_DCU_GEMV_PARAMS='{json.dumps(override, separators=(',', ':'), sort_keys=True)}'"
     assert out[-1].startswith("| b+silu | 40x48 | 4 |")  # the table is the last thing printed
 
 

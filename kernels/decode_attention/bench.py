@@ -12,7 +12,7 @@ device copy (read + write bytes / time). Pages are scattered at random over a po
 First a sweep over launch parameters (BLOCK_N, num_warps, num_stages) and the split policy
 (programs_per_cu, min_split_tokens) picks one configuration per KV width (kv8: the one fastest for software fp8,
 with the int8-fastest one's differences as its "int8" options); the main table runs with
-it and the script prints the launch_params entry to paste. --quick skips the sweep and uses the
+it and the script prints the launch options it suggests (VLLM_DCU_DECODE_PARAMS). --quick skips the sweep and uses the
 table (or VLLM_DCU_DECODE_PARAMS). --kv8 LABEL=JSON (repeatable, with --quick) times the 8-bit rows once per kv8
 launch entry given, in the same process as the bf16 rows, e.g. --kv8 'n64s3={"BLOCK_N":64,"num_stages":3}'.
 A summary under the table gives, per row kind, the geometric mean of time / bf16's time per batch and of time /
@@ -57,6 +57,7 @@ from . import launch_params
 from . import decode_attention as decode_attention_module
 from .decode_attention import decode_attention, launch_plan, workspace_numel
 from ..results_io import save_figure, write_text
+from ..tuning.suggest import suggestion
 
 HQ, HKV, D = 24, 4, 256
 BATCHES = (1, 4, 16, 64)
@@ -799,8 +800,9 @@ def main(argv=None):
                 (f" --lens {args.lens}" if lens else "") +
                 (f" --block-8bit {args.block_8bit}" if args.block_8bit is not None else "") +
                 "".join(f" --{k} {','.join(map(str, v))}" for k, v in shape_filter.items()),
-                seconds=round(time.time() - t_start),
-                suggested_launch_params_entry=dict(measured=True, max_splits=entry["max_splits"], **suggested))
+                seconds=round(time.time() - t_start))
+    suggestion_fields, suggestion_md = suggestion("decode", target, {**entry, **suggested})
+    meta.update(suggestion_fields)
     if args.compare:
         meta["command"] += f" --compare {args.compare}"
         meta["compared_with"] = args.compare
@@ -811,8 +813,7 @@ def main(argv=None):
            + summary_markdown(rows, compare_rows))
     md += "\nCost per token and fixed cost (least squares over the contexts, per batch):\n\n" + cost_markdown(rows)
     if not args.quick:
-        md += f"\nSuggested `launch_params.PARAMS[{target!r}]` (from the sweep):\n\n```\n" \
-              f"{json.dumps(meta['suggested_launch_params_entry'])}\n```\n"
+        md += suggestion_md
     write_text(base + ".md", md)
     try:
         plot(rows, copy_gbps, base + ".png")

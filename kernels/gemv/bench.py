@@ -12,7 +12,7 @@ out) bytes / time; % = of a measured device copy (read + write bytes / time).
 First a bounded sweep of launch parameters per (shape, row bucket) (--quick skips it and uses the
 table or VLLM_DCU_GEMV_PARAMS; --budget-s caps it, default 150 s), then the main table with the
 best configuration found, what the dispatch would pick (the GEMV must be > 1% faster), and the
-relative error of both sides against float64. Prints the suggested launch_params entry for this
+relative error of both sides against float64. Prints the suggested launch options (VLLM_DCU_GEMV_PARAMS) for this
 device, then the table last; writes <date>-<gpu>-gemv[-<tag>].{json,md} into --out (default $OUT or
 bench/results/). On one H200 the whole run takes about 2-3 minutes, most of it Triton compiles.
 --smoke runs the same code on the CPU (TRITON_INTERPRET=1) at toy shapes, to test the script.
@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from . import dispatch, launch_params
 from ..results_io import write_text
+from ..tuning.suggest import suggestion
 
 # (name, N, K, fused SiLU-and-mul): every dense decode GEMM of Qwen3.5-27B at TP 1
 SHAPES = [
@@ -603,18 +604,18 @@ def main(argv=None):
     base_path = os.path.join(args.out, f"{stamp}-{dev}-gemv" + (f"-{args.tag}" if args.tag else ""))
     meta = dict(device=name, target=target, copy_GBps=copy_gbps, platform=platform, config_source=source,
                 torch=torch.__version__, triton=triton.__version__, command=command,
-                seconds=round(time.time() - t_start), swept=not args.quick, sweep_skipped=skipped,
-                suggested_launch_params_entry=entry if not args.quick else None)
+                seconds=round(time.time() - t_start), swept=not args.quick, sweep_skipped=skipped)
+    suggestion_md = ""
+    if not args.quick:
+        suggestion_fields, suggestion_md = suggestion("gemv", target, entry)
+        meta.update(suggestion_fields)
     md = markdown(meta, table)
-    if not args.quick:
-        md += (f"\nSuggested `launch_params.PARAMS[{target!r}]` (from the sweep):\n\n```\n"
-               f"{json.dumps(entry)}\n```\n")
     write_text(base_path + ".json", json.dumps(dict(meta=meta, rows=table, sweep=sweep_rows), indent=1))
-    write_text(base_path + ".md", md)
+    write_text(base_path + ".md", md + suggestion_md)
     log(f"wrote {base_path}.{{json,md}} in {time.time() - t_start:.0f} s")
-    if not args.quick:
-        print(f"Suggested launch_params.PARAMS[{target!r}]:\n{json.dumps(entry)}\n")
-    print(md.split("\nSuggested")[0])
+    if suggestion_md:
+        print(suggestion_md.strip("\n"))
+    print(md)  # the table last
     return base_path
 
 

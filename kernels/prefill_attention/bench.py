@@ -40,6 +40,7 @@ import triton
 from ..kv_quant.cache_write import reshape_and_cache_per_token_head
 from ..kv_quant.layout import QWEN35_27B_PAGE_TOKENS, kv_cache_shape, split_kv_cache
 from ..results_io import write_result_pair
+from ..tuning.suggest import suggestion
 from . import launch_params
 from .prefill_attention import MIRROR_DEFAULT_TOKENS, MIRROR_ENV, MIRROR_PAGE, prefill_attention
 
@@ -322,10 +323,10 @@ def main(argv=None):
     md += ["", "Relative error of ours vs each baseline's output (same inputs): " +
            ", ".join(f"{r['history'] // 1024}K {r['kv']}: " + "/".join(f"{r['err vs ' + k]:.1e}" for k in ua)
                      for r in rows), "", "Log:", "", "```", *lines, "```"]
-    suggested = {"measured": True, "kv16": best["kv16"], "kv8": best["kv8"]}
-    md += ["", f"Suggested launch_params entry for {target}: `{suggested}`"]
-    doc = dict(command=cmd, gpu=gpu, gemm_tflops=gemm, chosen=best, rows=rows, suggested_entry=suggested,
-               target=target, block_sizes=dict(BLOCK))
+    suggestion_fields, suggestion_md = suggestion("prefill", target, {**launch_params.get_params(target), **best})
+    md += suggestion_md.split("\n")
+    doc = dict(command=cmd, gpu=gpu, gemm_tflops=gemm, chosen=best, rows=rows, target=target, block_sizes=dict(BLOCK),
+               **suggestion_fields)
     path = write_result_pair(a.out, stem, doc, md)
     print("\n".join(md[:md.index("Log:")]))  # the tables and the error lines
     print(f"wrote {path}")
