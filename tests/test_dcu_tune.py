@@ -210,3 +210,32 @@ def test_qwen35_config_gives_the_named_shape_set(tmp_path):
     want = shapes.named("Qwen3.5-27B")
     assert got.attention == want.attention and got.pages == want.pages == {"bf16": 784, "fp8": 1552, "int8": 1664}
     assert sorted(g[1:] for g in got.gemms) == sorted(g[1:] for g in want.gemms)
+
+
+def test_the_engine_reads_the_file_the_command_wrote(quick_run, monkeypatch):
+    """End to end on the CPU: the file of the quick run above, one path edited to upstream, is what DCU_TRITON_ATTN's
+    builder and the GEMV dispatch read at start (VLLM_DCU_TUNED_FILE), and the decision table says so."""
+    import types
+
+    import dcu_backend_fakes
+    from vllm.dcu import gemv as dcu_gemv
+    from vllm.dcu import triton_attn
+    from vllm.dcu_kernels.tuning import decisions, tuned_file
+
+    rc, out = quick_run
+    doc = json.loads(out.read_text())
+    doc["paths"]["decode.bf16"] = {"use": "upstream", "ratio": 1.2, "why": "edited by the test"}
+    edited = out.parent / "edited.json"
+    tuned_file.write(edited, doc)
+    monkeypatch.setenv("VLLM_DCU_TUNED_FILE", str(edited))
+    monkeypatch.setattr(dcu_gemv, "_TABLES", {})
+    decisions.reset()
+    triton_attn.DcuTritonAttentionMetadataBuilder(types.SimpleNamespace(block_size=16), ["layer.0"],
+                                                  dcu_backend_fakes.fake_vllm_config(4, 2, 32), torch.device("cpu"))
+    assert not decisions.runs_ours("decode.bf16")
+    table = dcu_gemv.table(torch.device("cpu"))
+    assert table._read_cache() == doc["gemv"]  # the dispatch's one loader: the same file, its gemv section
+    lines = decisions.table_lines()
+    assert lines[0] == f"tuned file: {edited}"
+    assert any(line.startswith("decode.bf16") and "upstream (unified attention): measured 1.20x upstream: edited by "
+               "the test" in line for line in lines)
