@@ -342,8 +342,3 @@ def num_splits(n_tiles: int, k: int, block_k: int, num_cus: int, entry: dict) ->
     want = -(-entry["programs_per_cu"] * num_cus // n_tiles)
     cap = min(entry["max_splits"], max(1, k // entry["min_split_k"]), k_tiles)
     return max(1, min(want, cap))
-
-
-def entry_digest(target: str) -> str:
-    """The entry in effect (env override applied) as canonical JSON: part of the dispatch cache key."""
-    return json.dumps(get_params(target), sort_keys=True, separators=(",", ":"))
