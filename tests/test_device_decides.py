@@ -361,3 +361,27 @@ def test_a_suggestion_the_format_cannot_express_is_reported_not_raised():
         suggest.as_override("decode", "sm90", entry)
     fields, md = suggest.suggestion("decode", "sm90", entry)
     assert fields["suggested_override"] is None and "No suggestion" in md
+
+
+@pytest.mark.parametrize("target", ["sm90", "gfx936", "gfx928"])
+def test_every_sweep_candidate_of_the_tables_is_a_valid_override(target):
+    """The tuning command's --full candidates (kernels/tuning/candidates.py) around each table entry are launch options
+    the family's own parser accepts: a sweep spends its compiles on real candidates, not on refused ones."""
+    from kernels.gemv import launch_params as gemv_params
+    from kernels.prefill_attention import launch_params as prefill_params
+    from kernels.tuning import candidates
+
+    rocm = target.startswith("gfx")
+    for lp, make, widths in ((decode_params, candidates.decode_candidates, ("kv16", "kv8")),
+                             (prefill_params, candidates.prefill_candidates, ("kv16", "kv8", "kv8_short"))):
+        for width in widths:
+            cands = make(lp.PARAMS[target], width, rocm)
+            assert 3 <= len(cands) <= 10
+            for label, override in cands:
+                lp.get_params(target, override=json.dumps(override))  # raises naming the key if refused
+    for bucket in gemv_params.ROW_BUCKETS:
+        for table in ("rows", "silu_rows"):
+            config = gemv_params.PARAMS[target][table][str(bucket)]
+            for label, cfg in candidates.gemv_candidates(config, bucket):
+                gemv_params.check_config(dict(cfg), f"{target} {table} {bucket}: {label}", rocm=rocm, rows=bucket,
+                                         silu_mul=table == "silu_rows")
