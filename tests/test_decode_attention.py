@@ -1037,13 +1037,21 @@ def test_gluon_stage1_covers_cuda_ptx_8bit_calls_in_their_own_v_layout_with_page
         assert not gluon_stage1.gluon_supported(**{**ok, **change}), change
 
 
+def test_gluon_without_the_balanced_plan_is_refused_naming_the_fix():
+    # Triton 3.6 does not compile the Gluon stage 1 with BALANCE off (an LLVM assertion, found by the tuning command's
+    # sweep on the H200 and reproduced by compile_check on the CPU): refused when the entry is read, not at a launch
+    with pytest.raises(ValueError, match=r"kv8.gluon \(the Gluon stage 1\) needs kv8.balance 1; set kv8.gluon null"):
+        launch_params.get_params("sm90", override='{"balance": 0}')
+    assert launch_params.get_params("sm90", override='{"balance": 0, "kv8": {"gluon": null}}')["kv8"]["balance"] == 0
+
+
 def test_gluon_key_off_cuda_runs_the_triton_kernel(params, monkeypatch):
     # the interpreter has no PTX conversions, so the key leaves every call to the Triton kernel, which still matches
     from kernels.decode_attention import gluon_stage1
 
     calls = []
     monkeypatch.setattr(gluon_stage1, "launch_gluon_stage1", lambda *a, **k: calls.append(k))
-    params(kv8={"gluon": GLUON_LAUNCH})
+    params(kv8={"gluon": GLUON_LAUNCH, "balance": 1})  # the Gluon stage 1 takes the balanced plan only
     case = make_case([70, 45], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, kv_quant="fp8", seed=9)
     assert_close(run(case, num_splits=2), reference(case), torch.bfloat16)
     assert not calls
@@ -1056,10 +1064,10 @@ def test_gluon_launch_has_its_own_split_plan_and_the_workspace_holds_both(params
     cpu = torch.device("cpu")
     params()
     without = workspace_numel(4, 24, 4, 256, cpu, kv8=True)
-    params(kv8={"gluon": {**GLUON_LAUNCH, "programs_per_cu": 64}})
+    params(kv8={"gluon": {**GLUON_LAUNCH, "programs_per_cu": 64}, "balance": 1})
     triton_plan = da._plan(4, 24, 4, 256, cpu, None, True)
     gluon_plan = da._plan(4, 24, 4, 256, cpu, None, True, gluon=True)
     assert gluon_plan.launch["BLOCK_N"] == 128 and "gluon" not in gluon_plan.launch
-    assert triton_plan.launch["BLOCK_N"] != 128 and gluon_plan.splits > triton_plan.splits
+    assert triton_plan.launch["BLOCK_N"] != 128 and gluon_plan.rows(4) > triton_plan.rows(4)
     both = workspace_numel(4, 24, 4, 256, cpu, kv8=True)
     assert both == max(triton_plan.numel(4, 24, 256), gluon_plan.numel(4, 24, 256)) > without

@@ -308,6 +308,12 @@ def _build_params(target: str, text: str, base: dict | None = None) -> dict:
             raise ValueError(f"{where}: {bad} are ROCm-only options, not valid on {target}")
     if rocm and _GLUON in entry["kv8"]:
         raise ValueError(f"{where}: kv8.{_GLUON} (the Gluon stage 1) is CUDA-only, not valid on {target}")
+    if _GLUON in entry["kv8"] and not entry["kv8"].get("balance", LAUNCH_DEFAULTS["balance"]):
+        # Triton 3.6 does not compile the Gluon stage 1 without the balanced plan (an LLVM assertion in
+        # ConvertTritonGPUToLLVM, for int8 and fp8 alike: `compile_check --target sm90 --gluon` with kv8 balance 0;
+        # found by the tuning command's sweep, bench/results/2026-12-05-h200-device-decides.md)
+        raise ValueError(f"{where}: kv8.{_GLUON} (the Gluon stage 1) needs kv8.balance 1; set kv8.gluon null to time "
+                         "the Triton kernel without the balanced plan")
     return entry
 
 

@@ -30,7 +30,8 @@ def decode_candidates(entry: dict, width: str, rocm_options: bool) -> list:
         if 1 <= st <= 4:
             out.append((f"{st} stages", {width: {"num_stages": st}}))
     bal = 0 if launch.get("balance", 0) else 1
-    out.append((f"balance {bal}", {width: {"balance": bal}}))
+    if not (bal == 0 and launch.get("gluon")):  # the Gluon stage 1 takes the balanced plan only (launch_params)
+        out.append((f"balance {bal}", {width: {"balance": bal}}))
     if width == "kv8" and launch.get("int8"):
         out.append(("no int8 options", {width: {"int8": None}}))
     if width == "kv8" and launch.get("gluon"):
