@@ -1,6 +1,7 @@
 """No tracked file names a path of one machine (/root/..., /home/<user>/..., /tmp/..., /work/...): results, logs,
 plans, docs and code say `<tmp>/...`, `<out>`, `<repo>` or a path relative to the repository (bench/machine_paths.py)."""
 import os
+import re
 import subprocess
 
 from bench.machine_paths import find, scrub
@@ -44,3 +45,21 @@ def test_scrub_names_each_folder_by_its_role():
     assert scrub("PYTHONPATH=/tmp/variants/full:/work/main:/work/main/ci/gpu/diag") == \
         "PYTHONPATH=<tmp>/variants/full:<repo>:<repo>/ci/gpu/diag"
     assert not find(scrub("/home/someone/.cache/x /root/.triton/cache /work/.device/y"))
+
+
+def test_the_results_tree_holds_data_and_logs_not_experiment_code():
+    """bench/results keeps what runs produced; the code of a dropped attempt lives in git history (docs/measurements.md
+    names its commit), so no kernel, diff, script or plan is tracked there."""
+    files = subprocess.run(["git", "ls-files", "bench/results"], capture_output=True, text=True, check=True,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.split()
+    code = [f for f in files if f.endswith((".py", ".diff", ".patch", ".sh", ".jobs", ".cu", ".cpp"))]
+    assert files and not code, code[:10]
+
+
+def test_the_results_index_names_a_file_that_exists_for_every_area():
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results")
+    text = open(os.path.join(root, "README.md")).read()
+    links = re.findall(r"\]\(([^)#]+\.md)\)", text)
+    assert len(links) >= 10
+    missing = [link for link in links if not os.path.isfile(os.path.normpath(os.path.join(root, link)))]
+    assert not missing, missing
