@@ -5,24 +5,9 @@ read as a result. Standard library only (matplotlib only if a figure is passed i
 """
 import json
 import os
-import tempfile
 from pathlib import Path
 
-
-def _write_via_temp(path, write):
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``; no temp file stays."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+from .atomic_file import write_via_temp
 
 
 def write_text(path, text):
@@ -32,13 +17,13 @@ def write_text(path, text):
         with open(tmp, "w") as f:
             f.write(text)
 
-    return _write_via_temp(path, write)
+    return write_via_temp(path, write)
 
 
 def save_figure(fig, path, **savefig_kwargs):
     """``fig.savefig`` to ``path`` atomically; the format comes from ``path``'s extension."""
     fmt = os.path.splitext(str(path))[1].lstrip(".") or "png"
-    return _write_via_temp(path, lambda tmp: fig.savefig(tmp, format=fmt, **savefig_kwargs))
+    return write_via_temp(path, lambda tmp: fig.savefig(tmp, format=fmt, **savefig_kwargs))
 
 
 def write_result_pair(folder, stem, doc, markdown_lines):

@@ -10,6 +10,13 @@ import dataclasses
 import json
 from pathlib import Path
 
+try:  # the wheel's name; the repository's when imported from the checkout without a tree (dcu/prefill_attention.py)
+    from vllm.dcu_kernels.gemv import launch_params as gemv_launch_params
+    from vllm.dcu_kernels.kv_quant.layout import QWEN35_27B_PAGE_TOKENS
+except ImportError:
+    from kernels.gemv import launch_params as gemv_launch_params
+    from kernels.kv_quant.layout import QWEN35_27B_PAGE_TOKENS
+
 # a GEMM of the model: (name, N, K, fused SiLU-and-mul), weights [N, K]
 GemmShape = tuple
 
@@ -52,19 +59,10 @@ ENGINE_CASES = Cases(decode=((1, 16384), (16, 16384)), prefill=((16384, 4096),),
 TOY_CASES = Cases(decode=((2, 40),), prefill=((40, 64),), prefill_short=((40, 2),), kv_write=(3, 20),
                   mirror=512)
 
-# Qwen3.5-27B (kernels/gemv/bench.py SHAPES: every dense decode GEMM at TP 1; pages kv_quant.layout)
-QWEN35_27B_GEMMS = (
-    ("in_proj_qkvz", 16384, 5120, False),
-    ("in_proj_ba", 96, 5120, False),
-    ("attn qkv+gate", 14336, 5120, False),
-    ("o_proj / out_proj", 5120, 6144, False),
-    ("gate_up", 34816, 5120, False),
-    ("down", 5120, 17408, False),
-    ("lm_head", 248320, 5120, False),
-    ("gate_up + silu_mul", 34816, 5120, True),
-)
+# Qwen3.5-27B: the GEMV's and the engine pages' one tables (kernels/gemv/launch_params.py, kernels/kv_quant/layout.py)
+QWEN35_27B_GEMMS = gemv_launch_params.QWEN35_27B_GEMMS
 NAMED = {
-    "qwen3.5-27b": ModelShapes("qwen3.5-27b", 24, 4, 256, {"bf16": 784, "fp8": 1552, "int8": 1664}, QWEN35_27B_GEMMS),
+    "qwen3.5-27b": ModelShapes("qwen3.5-27b", 24, 4, 256, dict(QWEN35_27B_PAGE_TOKENS), QWEN35_27B_GEMMS),
 }
 
 # vLLM's page rules: 16 tokens without linear-attention layers; with them (Qwen3.5's Gated DeltaNet) the attention

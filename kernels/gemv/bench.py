@@ -47,16 +47,7 @@ from ..results_io import write_text
 from ..tuning.suggest import suggestion
 
 # (name, N, K, fused SiLU-and-mul): every dense decode GEMM of Qwen3.5-27B at TP 1
-SHAPES = [
-    ("in_proj_qkvz", 16384, 5120, False),
-    ("in_proj_ba", 96, 5120, False),
-    ("attn qkv+gate", 14336, 5120, False),
-    ("o_proj / out_proj", 5120, 6144, False),
-    ("gate_up", 34816, 5120, False),
-    ("down", 5120, 17408, False),
-    ("lm_head", 248320, 5120, False),
-    ("gate_up + silu_mul", 34816, 5120, True),
-]
+SHAPES = list(launch_params.QWEN35_27B_GEMMS)
 ROWS = (1, 2, 4, 8)
 DTYPE = torch.bfloat16
 DEV = "cuda"

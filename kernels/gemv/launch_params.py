@@ -38,6 +38,18 @@ from ..targets import cached_entry, parse_override_object, target_for
 
 ENV_VAR = "VLLM_DCU_GEMV_PARAMS"
 MAX_ROWS = 8
+# (name, N, K, fused SiLU-and-mul): every dense decode GEMM of Qwen3.5-27B at TP 1 (the bench's shapes and the tuning
+# command's named shape set, python -m vllm.dcu.tune --model qwen3.5-27b)
+QWEN35_27B_GEMMS = (
+    ("in_proj_qkvz", 16384, 5120, False),
+    ("in_proj_ba", 96, 5120, False),
+    ("attn qkv+gate", 14336, 5120, False),
+    ("o_proj / out_proj", 5120, 6144, False),
+    ("gate_up", 34816, 5120, False),
+    ("down", 5120, 17408, False),
+    ("lm_head", 248320, 5120, False),
+    ("gate_up + silu_mul", 34816, 5120, True),
+)
 ROW_BUCKETS = (1, 2, 4, 8)
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_k")

@@ -30,9 +30,10 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Callable
+
+from ..atomic_file import write_via_temp
 
 FORMAT = "vllm-dcu-tuned/1"
 ENV_FILE = "VLLM_DCU_TUNED_FILE"
@@ -118,18 +119,13 @@ def write(path: Path | str, doc: dict) -> Path:
     problems = check_doc(doc)
     if problems:
         raise ValueError(f"tuned file {path}: {problems[0]}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
+
+    def dump(tmp):
+        with open(tmp, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=True)
             f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+
+    return Path(write_via_temp(path, dump))
 
 
 def check_path_entry(name: str, entry) -> str | None:
