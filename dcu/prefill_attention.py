@@ -138,7 +138,7 @@ def reserve_mirror(num_heads_q: int, num_heads_kv: int, head_size: int, cache_dt
         if device.index is None:  # the kernel keys its buffer by "cuda:N", as q.device names it
             device = torch.device("cuda", torch.cuda.current_device())
         try:
-            mod._mirror_buffer(device, num_heads_kv, head_size, tokens)
+            mod.mirror_buffer(device, num_heads_kv, head_size, tokens)
         except torch.OutOfMemoryError as e:
             mib = mirror_bytes(tokens, num_heads_kv, head_size) / 2**20
             raise RuntimeError(
