@@ -28,9 +28,7 @@ from typing import ClassVar
 
 import torch
 
-from vllm.dcu_kernels.decode_attention import decode_attention, workspace_numel
-from vllm.dcu_kernels.kv_quant.layout import kv_quant_kind, split_kv_cache
-from vllm.dcu_kernels.tuning.decisions import runs_ours
+from ._kernels import decode_attention, kv_quant_kind, runs_ours, split_kv_cache, workspace_numel
 from vllm.dcu import kernel_checks  # noqa: I001 - vllm.dcu is this package in the wheel
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
 from vllm.v1.attention.backends.triton_attn import (

@@ -161,3 +161,57 @@ def test_the_line_bound_sees_a_long_file(tmp_path):
     _write(tmp_path, {"bench/long.py": "x = 1\n" * (MAX_LINES + 1), "bench/short.py": "x = 1\n" * MAX_LINES})
     long = [p.name for p in python_files(tmp_path, ("bench",)) if len(p.read_text().splitlines()) > MAX_LINES]
     assert long == ["long.py"]
+
+
+# --- one import path: dcu/ takes the kernels from dcu/_kernels.py only ------------------------------------------
+
+def _kernels_module_names(tree: ast.Module) -> dict[str, tuple[str, str | None]]:
+    """What _kernels.py's TYPE_CHECKING block imports: name -> (module under kernels/, attribute or None)."""
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    names = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "kernels", ast.dump(node)
+        under = node.module.partition(".")[2]
+        for alias in node.names:
+            sub = f"{under}.{alias.name}" if under else alias.name
+            is_module = (REPO / "kernels" / (sub.replace(".", "/") + ".py")).is_file()
+            names[alias.asname or alias.name] = (sub, None) if is_module else (under, alias.name)
+    return names
+
+
+def test_dcu_names_the_kernels_package_in_one_module_only():
+    tree = ast.parse((REPO / "dcu" / "_kernels.py").read_text())
+    from dcu import _kernels
+
+    assert _kernels_module_names(tree) == _kernels.NAMES  # what an editor follows is what runs
+    others = []
+    for path in python_files(REPO, ("dcu",)):
+        if path.name == "_kernels.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            others += [f"{path.relative_to(REPO)}:{node.lineno} {m}" for m in mods
+                       if m.split(".")[0] == "kernels" or m.startswith("vllm.dcu_kernels")]
+    assert not others, others
+
+
+def test_dcu_kernels_resolve_by_the_name_dcu_was_imported_under(vllm_tree):
+    import importlib
+
+    from dcu import _kernels
+
+    assert _kernels.PACKAGE == "kernels"
+    for name, (module, attr) in _kernels.NAMES.items():
+        mod = importlib.import_module(f"kernels.{module}")
+        assert getattr(_kernels, name) is (mod if attr is None else getattr(mod, attr)), name
+    try:
+        _kernels.no_such_name
+    except AttributeError as e:
+        assert "no_such_name" in str(e)
+    else:
+        raise AssertionError("an unknown name must raise AttributeError")
+    if vllm_tree is not None:  # the tests' tree: the same file as vllm.dcu._kernels resolves the installed name
+        installed = importlib.import_module("vllm.dcu._kernels")
+        assert installed.PACKAGE == "vllm.dcu_kernels"
+        assert installed.decisions.__name__ == "vllm.dcu_kernels.tuning.decisions"

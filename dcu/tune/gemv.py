@@ -8,11 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from vllm.dcu_kernels.gemv import dispatch
-from vllm.dcu_kernels.gemv import launch_params as gemv_params
-from vllm.dcu_kernels.gemv.gemv import gemv
-from vllm.dcu_kernels.gemv.silu_mul import silu_and_mul
-from vllm.dcu_kernels.tuning import candidates
+from .._kernels import candidates, gemv, gemv_params, silu_and_mul
+from .._kernels import gemv_dispatch as dispatch
 
 from .common import GEMV_MAX_REL, Failed, base_override, one_line, run_ours, sweep_over, time_us
 
