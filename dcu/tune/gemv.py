@@ -20,7 +20,7 @@ def platform_linear(x, weight):
     """What vLLM runs without patch 0007: on ROCm upstream's rocm_unquantized_gemm body (vllm.dcu.gemv), else
     F.linear."""
     if torch.version.hip:
-        from vllm.dcu.gemv import platform_linear as rocm_linear
+        from ..gemv import platform_linear as rocm_linear
 
         return rocm_linear(x, weight, None)
     return F.linear(x, weight)
