@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING
 
 PACKAGE = "vllm.dcu_kernels" if __name__.startswith("vllm.") else "kernels"
 
-# name here -> (module under PACKAGE, its attribute; None: the module itself)
+# name here -> (module under PACKAGE, its attribute; None: the module itself). A package's own export is taken from
+# the package (decode_attention, prefill_attention, gemv): what a test that replaces it there replaces
 NAMES = {
-    "decode_attention": ("decode_attention.decode_attention", "decode_attention"),
-    "workspace_numel": ("decode_attention.planning", "workspace_numel"),
+    "decode_attention": ("decode_attention", "decode_attention"),
+    "workspace_numel": ("decode_attention", "workspace_numel"),
     "decode_params": ("decode_attention.launch_params", None),
     "paged_decode_reference": ("decode_attention.reference", "paged_decode_reference"),
-    "prefill_attention": ("prefill_attention.prefill_attention", "prefill_attention"),
-    "MAX_GROUP": ("prefill_attention.prefill_attention", "MAX_GROUP"),
+    "prefill_attention": ("prefill_attention", "prefill_attention"),
+    "MAX_GROUP": ("prefill_attention", "MAX_GROUP"),
     "prefill_params": ("prefill_attention.launch_params", None),
     "paged_prefill_reference": ("prefill_attention.reference", "paged_prefill_reference"),
     "layout": ("kv_quant.layout", None),
@@ -43,8 +44,8 @@ NAMES = {
     "ShapeKey": ("gemv.dispatch", "ShapeKey"),
     "time_on_device": ("gemv.dispatch", "time_on_device"),
     "gemv_params": ("gemv.launch_params", None),
-    "gemv": ("gemv.gemv", "gemv"),
-    "silu_and_mul": ("gemv.silu_mul", "silu_and_mul"),
+    "gemv": ("gemv", "gemv"),
+    "silu_and_mul": ("gemv", "silu_and_mul"),
     "decisions": ("tuning.decisions", None),
     "runs_ours": ("tuning.decisions", "runs_ours"),
     "tuned_file": ("tuning.tuned_file", None),
@@ -56,21 +57,19 @@ NAMES = {
 
 if TYPE_CHECKING:  # the checkout's names, for editors and static readers (runtime: NAMES under PACKAGE)
     from kernels.decode_attention import launch_params as decode_params
-    from kernels.decode_attention.decode_attention import decode_attention
-    from kernels.decode_attention.planning import workspace_numel
+    from kernels.decode_attention import decode_attention, workspace_numel
     from kernels.decode_attention.reference import paged_decode_reference
     from kernels.fp8_e4m3 import use_software_fp8
     from kernels.gemv import dispatch as gemv_dispatch
     from kernels.gemv import launch_params as gemv_params
     from kernels.gemv.dispatch import ShapeKey, time_on_device
-    from kernels.gemv.gemv import gemv
-    from kernels.gemv.silu_mul import silu_and_mul
+    from kernels.gemv import gemv, silu_and_mul
     from kernels.kv_quant import cache_write, layout
     from kernels.kv_quant.cache_write import reshape_and_cache_per_token_head
     from kernels.kv_quant.layout import kv_cache_shape, kv_quant_kind, split_kv_cache
     from kernels.kv_quant.reference import quantize_per_token_head
     from kernels.prefill_attention import launch_params as prefill_params
-    from kernels.prefill_attention.prefill_attention import MAX_GROUP, prefill_attention
+    from kernels.prefill_attention import MAX_GROUP, prefill_attention
     from kernels.prefill_attention.reference import paged_prefill_reference
     from kernels.targets import emulated_arch
     from kernels.tuning import candidates, decisions, tuned_file

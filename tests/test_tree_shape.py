@@ -165,25 +165,28 @@ def test_the_line_bound_sees_a_long_file(tmp_path):
 
 # --- one import path: dcu/ takes the kernels from dcu/_kernels.py only ------------------------------------------
 
-def _kernels_module_names(tree: ast.Module) -> dict[str, tuple[str, str | None]]:
-    """What _kernels.py's TYPE_CHECKING block imports: name -> (module under kernels/, attribute or None)."""
+def _type_checking_imports(tree: ast.Module) -> dict[str, tuple[str, str]]:
+    """What _kernels.py's TYPE_CHECKING block imports: name -> (module of the checkout, the name imported from it)."""
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
     names = {}
     for node in block.body:
         assert isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "kernels", ast.dump(node)
-        under = node.module.partition(".")[2]
         for alias in node.names:
-            sub = f"{under}.{alias.name}" if under else alias.name
-            is_module = (REPO / "kernels" / (sub.replace(".", "/") + ".py")).is_file()
-            names[alias.asname or alias.name] = (sub, None) if is_module else (under, alias.name)
+            names[alias.asname or alias.name] = (node.module, alias.name)
     return names
 
 
 def test_dcu_names_the_kernels_package_in_one_module_only_and_itself_relatively():
-    tree = ast.parse((REPO / "dcu" / "_kernels.py").read_text())
+    import importlib
+
     from dcu import _kernels
 
-    assert _kernels_module_names(tree) == _kernels.NAMES  # what an editor follows is what runs
+    static = _type_checking_imports(ast.parse((REPO / "dcu" / "_kernels.py").read_text()))
+    assert set(static) == set(_kernels.NAMES)
+    for name, (module, attr) in static.items():  # what an editor follows is what runs
+        mod = importlib.import_module(module)  # `from module import attr`: its attribute, else its submodule
+        want = getattr(mod, attr) if hasattr(mod, attr) else importlib.import_module(f"{module}.{attr}")
+        assert getattr(_kernels, name) is want, name
     others = []
     for path in python_files(REPO, ("dcu",)):
         if path.name == "_kernels.py":

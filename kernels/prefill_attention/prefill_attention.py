@@ -8,7 +8,7 @@ fp16. Q is multiplied by a power of two that puts max|q| of the tile at 2^12 (ex
 scales multiply the columns of S. The V scales enter as the decode kernel's: log2 of each key's V factor is
 added to its score for the running max, so P' = P x factor stays in [0, 1] in fp16 for any finite V; the 8-bit
 accumulator is not normalized (it sums P' x codes, bounded by the key count) and l, with its own exponential,
-divides it at the end (decode_attention.py's docstring has the ranges). Each 8-bit tile is converted once per
+divides it at the end (decode_attention/codes.py's docstring has the ranges). Each 8-bit tile is converted once per
 query tile (BLOCK_M rows share it); long chunks read a 16-bit mirror instead (below). K is contiguous in
 head_dim; int8 caches hold V by dim (tokens contiguous, docs/kv-cache-layout.md), so the direct path and the mirror
 kernel read V through its head_dim stride (1 by token, for which Triton specializes: those compile as before).
