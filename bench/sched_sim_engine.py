@@ -31,7 +31,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from bench.sched_sim import H200_L16, SCENARIOS
+from bench.sched_sim_scenarios import H200_L16, SCENARIOS
 
 if "scheduler_tpot_target_ms" not in SchedulerConfig.__dataclass_fields__:
     raise ImportError(f"the vLLM tree at {Path(sched_mod.__file__).parents[4]} has no patch 0004 (scheduler options)")

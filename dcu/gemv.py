@@ -25,12 +25,12 @@ import os
 import torch
 import torch.nn.functional as F
 
-from vllm.dcu_kernels.gemv import dispatch as gemv_dispatch
-from vllm.dcu_kernels.gemv import launch_params
-from vllm.dcu_kernels.tuning import decisions, tuned_file
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op
+
+from ._kernels import decisions, gemv_dispatch, tuned_file
+from ._kernels import gemv_params as launch_params
 
 logger = init_logger(__name__)
 
@@ -58,7 +58,7 @@ def platform_linear(x, weight, bias=None):
 def _platform(x, weight, bias, silu_mul):
     y = platform_linear(x, weight, bias)
     if silu_mul:
-        from vllm.dcu_kernels.gemv import silu_and_mul
+        from ._kernels import silu_and_mul
 
         y = silu_and_mul(y)
     return y
@@ -103,7 +103,7 @@ def _choose(x, weight, bias, silu_mul) -> str:
     key = gemv_dispatch.ShapeKey(weight.shape[0], weight.shape[1], str(weight.dtype).removeprefix("torch."),
                                  bias is not None, silu_mul)
     if key.id not in tab.entries:
-        from vllm.dcu_kernels.gemv import gemv
+        from ._kernels import gemv
 
         measure, warm, release = gemv_dispatch.device_measure(
             weight, bias, lambda x, w, b: gemv(x, w, b, silu_mul=silu_mul),
@@ -122,7 +122,7 @@ def _choose(x, weight, bias, silu_mul) -> str:
 
 def _run(x, weight, bias, silu_mul):
     if _choose(x, weight, bias, silu_mul) == "triton":
-        from vllm.dcu_kernels.gemv import gemv
+        from ._kernels import gemv
 
         x2 = x.reshape(-1, x.shape[-1])
         if x2.stride(0) != x2.shape[1] or x2.stride(1) != 1:

@@ -32,21 +32,10 @@ _16BIT = ("auto", "bfloat16", "float16")
 
 def _kernels():
     """(decode_attention, prefill_attention, kv_quant layout, kv_quant cache_write, decode reference, prefill
-    reference, decisions) from the wheel's vllm.dcu_kernels, or the repository's kernels/ (tests)."""
-    try:
-        from vllm.dcu_kernels.decode_attention import decode_attention
-        from vllm.dcu_kernels.decode_attention.reference import paged_decode_reference
-        from vllm.dcu_kernels.kv_quant import cache_write, layout
-        from vllm.dcu_kernels.prefill_attention import prefill_attention
-        from vllm.dcu_kernels.prefill_attention.reference import paged_prefill_reference
-        from vllm.dcu_kernels.tuning import decisions
-    except ImportError:
-        from kernels.decode_attention import decode_attention
-        from kernels.decode_attention.reference import paged_decode_reference
-        from kernels.kv_quant import cache_write, layout
-        from kernels.prefill_attention import prefill_attention
-        from kernels.prefill_attention.reference import paged_prefill_reference
-        from kernels.tuning import decisions
+    reference, decisions), as _kernels.py resolves them (imported on first use; the tests replace this function)."""
+    from ._kernels import (cache_write, decisions, decode_attention, layout, paged_decode_reference,
+                           paged_prefill_reference, prefill_attention)
+
     return decode_attention, prefill_attention, layout, cache_write, paged_decode_reference, paged_prefill_reference, \
         decisions
 

@@ -46,23 +46,17 @@ def enabled(env=None) -> bool:
 
 
 def _kernels():
-    """(prefill_attention, MAX_GROUP, the kv_quant layout module) from the wheel's vllm.dcu_kernels, or from the
-    repository's kernels/ when this module is imported from the repository (tests)."""
-    try:
-        from vllm.dcu_kernels.kv_quant import layout
-        from vllm.dcu_kernels.prefill_attention import MAX_GROUP, prefill_attention
-    except ImportError:
-        from kernels.kv_quant import layout
-        from kernels.prefill_attention import MAX_GROUP, prefill_attention
+    """(prefill_attention, MAX_GROUP, the kv_quant layout module), as _kernels.py resolves them (imported on first
+    use; the tests replace this function)."""
+    from ._kernels import MAX_GROUP, layout, prefill_attention
+
     return prefill_attention, MAX_GROUP, layout
 
 
 def _runs_ours(kv_quant) -> bool:
     """The device's decision for this launch kind (issue #43: taken at start by ``warmup``'s check)."""
-    try:
-        from vllm.dcu_kernels.tuning.decisions import runs_ours
-    except ImportError:
-        from kernels.tuning.decisions import runs_ours
+    from ._kernels import runs_ours
+
     return runs_ours(_PATHS[kv_quant])
 
 
@@ -70,8 +64,7 @@ _PATHS = {None: "prefill.bf16", "int8": "prefill.int8", "fp8": "prefill.fp8"}
 
 
 def _mirror_api():
-    """The module of the prefill kernel _kernels() resolves (wheel or repository): its mirror constants, env reader
-    and buffer."""
+    """The module of the prefill kernel _kernels() returns: its mirror constants, env reader and buffer."""
     return sys.modules[_kernels()[0].__module__]
 
 
@@ -138,7 +131,7 @@ def reserve_mirror(num_heads_q: int, num_heads_kv: int, head_size: int, cache_dt
         if device.index is None:  # the kernel keys its buffer by "cuda:N", as q.device names it
             device = torch.device("cuda", torch.cuda.current_device())
         try:
-            mod._mirror_buffer(device, num_heads_kv, head_size, tokens)
+            mod.mirror_buffer(device, num_heads_kv, head_size, tokens)
         except torch.OutOfMemoryError as e:
             mib = mirror_bytes(tokens, num_heads_kv, head_size) / 2**20
             raise RuntimeError(

@@ -28,10 +28,6 @@ from typing import ClassVar
 
 import torch
 
-from vllm.dcu_kernels.decode_attention import decode_attention, workspace_numel
-from vllm.dcu_kernels.kv_quant.layout import kv_quant_kind, split_kv_cache
-from vllm.dcu_kernels.tuning.decisions import runs_ours
-from vllm.dcu import kernel_checks  # noqa: I001 - vllm.dcu is this package in the wheel
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
 from vllm.v1.attention.backends.triton_attn import (
     TritonAttentionBackend,
@@ -39,6 +35,9 @@ from vllm.v1.attention.backends.triton_attn import (
     TritonAttentionMetadata,
     TritonAttentionMetadataBuilder,
 )
+
+from . import kernel_checks
+from ._kernels import decode_attention, kv_quant_kind, runs_ours, split_kv_cache, workspace_numel
 
 _DECODE_DTYPES = (torch.float16, torch.bfloat16)
 _MAX_GQA_GROUP = 16

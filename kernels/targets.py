@@ -68,18 +68,18 @@ def parse_override_object(env_var: str, text: str, allowed) -> dict:
 
 
 def cached_entry(cache: dict, env_var: str, build, target: str, override: str | None = None,
-                 family: str | None = None) -> dict:
+                 family: str | None = None, tuned_override=None) -> dict:
     """``build(target, text)`` once per (target, override text), the text being ``override`` or, when that is None,
     the value of ``env_var``; later calls return the same (validated, not to be modified) dict. With ``family`` and
-    no ``override``, the device's tuned file's launch override for that family (kernels/tuning) is applied first,
-    ``build(target, tuned)``, and the variable over it, ``build(target, text, base=that)``; a tuned override the
-    builder refuses is dropped with one line naming the key, and the table's entry is used."""
+    no ``override``, the device's tuned file's launch override for that family, ``tuned_override(family)`` (the
+    launch tables pass kernels/tuning/decisions.launch_override: kernels/tuning imports this module, so this module
+    does not import it), is applied first, ``build(target, tuned)``, and the variable over it, ``build(target, text,
+    base=that)``; a tuned override the builder refuses is dropped with one line naming the key, and the table's entry
+    is used."""
     text = os.environ.get(env_var, "") if override is None else override
     tuned = None
-    if family is not None and override is None:
-        from .tuning.decisions import launch_override
-
-        tuned = launch_override(family)
+    if family is not None and override is None and tuned_override is not None:
+        tuned = tuned_override(family)
     key = (target, text, tuned)
     if key not in cache:
         base = None

@@ -74,7 +74,8 @@ def vllm_tree() -> Path | None:
 def _fresh_kernel_decisions():
     """Every test starts with no launch kind decided and no tuned file loaded (kernels/tuning/decisions.py keeps
     them per process, as the engine does): a test that makes a kernel fail its startup check must not hand that
-    launch kind to upstream's path for the tests after it. Both copies: the repository's and the tree's."""
+    launch kind to upstream's path for the tests after it. Both copies: the repository's (kernel tests, and dcu/
+    imported as the top-level `dcu`) and the tree's (vllm.dcu.*, which dcu/_kernels.py resolves to vllm.dcu_kernels)."""
     import sys
 
     def reset():

@@ -105,7 +105,7 @@ def test_mirror_bytes_at_qwen35_shape():
 
 @pytest.fixture
 def fake_gpu_mirror(monkeypatch):
-    """reserve_mirror on the CPU: torch.cuda reports a device, the kernel module's _mirror_buffer records its calls
+    """reserve_mirror on the CPU: torch.cuda reports a device, the kernel module's mirror_buffer records its calls
     (or raises what ``calls.raise_`` holds)."""
     import importlib
 
@@ -121,7 +121,7 @@ def fake_gpu_mirror(monkeypatch):
         calls.append((str(device), hkv, d, tokens))
 
     monkeypatch.setattr(route, "_mirror_api", lambda: mod)
-    monkeypatch.setattr(mod, "_mirror_buffer", buffer)
+    monkeypatch.setattr(mod, "mirror_buffer", buffer)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(route, "_ENGINE_MIRROR", {})

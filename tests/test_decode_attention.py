@@ -17,7 +17,7 @@ import triton.language as tl  # noqa: E402
 import triton_interp_compat  # noqa: E402,F401
 
 from kernels.decode_attention import decode_attention, launch_params, workspace_numel  # noqa: E402
-from kernels.decode_attention.decode_attention import _codes_to_f16  # noqa: E402
+from kernels.decode_attention.codes import codes_to_f16  # noqa: E402
 from kernels.decode_attention.reference import paged_decode_reference  # noqa: E402
 from kernels.kv_quant.reference import quantized_paged_cache  # noqa: E402
 from tests.attention_checks import (  # noqa: E402
@@ -269,7 +269,7 @@ def test_q_loaded_after_the_split_check_gives_the_same_output(params, kv_quant, 
     assert torch.equal(early, late)
     assert_close(late, reference(case), torch.bfloat16)
     # the key reaches the kernel (8-bit only: 16-bit caches always load q after the check)
-    from kernels.decode_attention.decode_attention import split_kernel_launch
+    from kernels.decode_attention.planning import split_kernel_launch
     assert [split_kernel_launch({"BLOCK_N": 16, **kw}, 32, quant)[0]["Q_EARLY"]
             for kw, quant in (({}, 2), ({"q_early": 0}, 2), ({}, 1), ({}, 0))] == [True, False, True, False]
 
@@ -306,7 +306,7 @@ def test_balanced_plan_matches_the_reference_for_mixed_lengths(params, monkeypat
     # launch key balance: one long sequence, short ones and a padded slot (0) share 21 or 28 programs per kv head;
     # chunk 256 reads the 7 lengths once, chunk 2 two at a time (the loop a batch beyond 256 takes), the programs
     # numbered on across chunks
-    monkeypatch.setattr(importlib.import_module("kernels.decode_attention.decode_attention"), "_BATCH_CHUNK", chunk)
+    monkeypatch.setattr(importlib.import_module("kernels.decode_attention.planning"), "BATCH_CHUNK", chunk)
     case = make_case([300, 3, 0, 70, 17, 5, 200], block_size=32, hkv=2, hq=12, dtype=torch.bfloat16,
                      kv_quant=kv_quant, seed=9)
     width = "kv8" if kv_quant else "kv16"
@@ -363,12 +363,12 @@ def test_balanced_plan_gives_each_sequence_its_share_of_the_programs(params, spl
 def test_balanced_plan_leaves_equal_lengths_and_one_sequence_as_they_were(params):
     # equal lengths (40 tiles each): every sequence gets the 8 splits the plan without balance gives it, so stage 1
     # writes all 3 x 8 workspace rows of each kv head; batch 1 takes the plan without balance
-    da = importlib.import_module("kernels.decode_attention.decode_attention")
+    da = importlib.import_module("kernels.decode_attention.planning")
     params(kv16={"BLOCK_N": 16}, min_split_tokens=16, programs_per_cu=48, max_splits=10)
-    assert da._plan(3, 12, 2, 32, torch.device("cpu"), None, False).splits == 8
+    assert da.split_plan(3, 12, 2, 32, torch.device("cpu"), None, False).splits == 8
     params(kv16={"BLOCK_N": 16, "balance": 1}, min_split_tokens=16, programs_per_cu=48, max_splits=10)
-    assert da._plan(1, 12, 2, 32, torch.device("cpu"), None, False).programs == 0
-    assert da._plan(3, 12, 2, 32, torch.device("cpu"), None, False).programs == 3 * 8
+    assert da.split_plan(1, 12, 2, 32, torch.device("cpu"), None, False).programs == 0
+    assert da.split_plan(3, 12, 2, 32, torch.device("cpu"), None, False).programs == 3 * 8
     assert balanced_split_counts([640] * 3, 24, 10, 16, 16) == [8] * 3
     case = make_case([640] * 3, block_size=32, hkv=2, hq=12, dtype=torch.bfloat16, seed=6)
     ws = torch.full((workspace_numel(3, 12, 2, 32, "cpu"),), float("nan"))
@@ -481,7 +481,7 @@ def test_8bit_huge_v_keeps_the_keys_below_the_max_when_subnormals_flush(params, 
 def _convert_kernel(codes_ptr, out_ptr, KV_QUANT: tl.constexpr):
     offs = tl.arange(0, 256)
     codes = tl.load(codes_ptr + offs[None, :])
-    tl.store(out_ptr + offs[None, :], _codes_to_f16(codes, KV_QUANT, True, False))
+    tl.store(out_ptr + offs[None, :], codes_to_f16(codes, KV_QUANT, True, False))
 
 
 @pytest.mark.parametrize("kv_quant", ["fp8", "int8"])
@@ -701,10 +701,10 @@ def test_split_round_down_never_launches_more_programs_than_the_target(batch, up
 
 def test_a_width_may_set_its_own_programs_per_cu(params, monkeypatch):
     # the plan of 8-bit caches with kv8.programs_per_cu 3, bf16's with the entry's 2 (132 SMs, batch 4, 4 kv heads)
-    da = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
+    da = importlib.import_module("kernels.decode_attention.planning")
     monkeypatch.setattr(launch_params, "current_target", lambda device=None: "sm90")
     monkeypatch.setattr(da, "num_compute_units", lambda device: 132)
-    _plan, split_kernel_launch = da._plan, da.split_kernel_launch
+    _plan, split_kernel_launch = da.split_plan, da.split_kernel_launch
     params(kv8={"programs_per_cu": 3})
     cpu = torch.device("cpu")
     plan8, plan16 = _plan(4, 24, 4, 256, cpu, None, kv8=True), _plan(4, 24, 4, 256, cpu, None, kv8=False)
@@ -720,12 +720,12 @@ def test_a_width_may_set_its_own_min_split_tokens(params):
     # kv8.min_split_tokens reaches the plan of 8-bit caches only, and both stages use it (output = reference)
     import importlib
 
-    da = importlib.import_module("kernels.decode_attention.decode_attention")
+    da = importlib.import_module("kernels.decode_attention.planning")
     params(kv8={"min_split_tokens": 96, "BLOCK_N": 16}, min_split_tokens=16)
     cpu = torch.device("cpu")
-    assert da._plan(1, 4, 2, 32, cpu, None, kv8=True)[2] == 96
-    assert da._plan(1, 4, 2, 32, cpu, None, kv8=False)[2] == 16
-    assert "min_split_tokens" not in da.split_kernel_launch(da._plan(1, 4, 2, 32, cpu, None, kv8=True)[0], 48, 2)[1]
+    assert da.split_plan(1, 4, 2, 32, cpu, None, kv8=True)[2] == 96
+    assert da.split_plan(1, 4, 2, 32, cpu, None, kv8=False)[2] == 16
+    assert "min_split_tokens" not in da.split_kernel_launch(da.split_plan(1, 4, 2, 32, cpu, None, kv8=True)[0], 48, 2)[1]
     case = make_case([300, 47, 128], block_size=48, hkv=2, hq=4, kv_quant="int8", seed=11)
     assert_close(run(case), reference(case), torch.float16)
 
@@ -734,7 +734,7 @@ def test_kv8_int8_options_apply_to_int8_caches_only(params):
     # kv8.int8 merges over kv8 for int8 caches (sm90: 2 warps); fp8 caches and the split plan take kv8 as it is
     import importlib
 
-    da = importlib.import_module("kernels.decode_attention.decode_attention")
+    da = importlib.import_module("kernels.decode_attention.planning")
     params(kv8={"num_warps": 4, "int8": {"num_warps": 2, "BLOCK_N": 32}})
     launch = launch_params.get_params("sm90")["kv8"]
     consts8, options8 = da.split_kernel_launch(launch, 1552, 2)
@@ -1024,17 +1024,18 @@ def test_int8_qk_takes_its_own_path(params):
 
 def test_gluon_stage1_covers_cuda_ptx_8bit_calls_in_their_own_v_layout_with_pages_of_a_tile():
     from kernels.decode_attention import gluon_stage1
+    from kernels.decode_attention.planning import gluon_supported
 
     ok = dict(kv_quant=1, ptx=True, v_by_dim=False, head_dim=256, group=6, block_size=1552, block_n=128,
               num_stages=2)
-    assert gluon_stage1.gluon_supported(**ok) == gluon_stage1.GLUON
+    assert gluon_supported(**ok) == gluon_stage1.GLUON
     # int8 with V by dim, as int8 caches hold it
-    assert gluon_stage1.gluon_supported(**{**ok, "kv_quant": 2, "v_by_dim": True}) == gluon_stage1.GLUON
+    assert gluon_supported(**{**ok, "kv_quant": 2, "v_by_dim": True}) == gluon_stage1.GLUON
     # fp8's V is read by token as byte pairs of a token's dims: head_dim contiguous; by dim keeps the Triton kernel
     for change in (dict(ptx=False), dict(kv_quant=2), dict(kv_quant=0), dict(head_dim=96),
                    dict(head_dim=128), dict(group=17), dict(block_size=64), dict(block_size=1560), dict(block_n=32),
                    dict(num_stages=1), dict(v_by_dim=True), dict(v_dim_stride=2)):
-        assert not gluon_stage1.gluon_supported(**{**ok, **change}), change
+        assert not gluon_supported(**{**ok, **change}), change
 
 
 def test_gluon_without_the_balanced_plan_is_refused_naming_the_fix():
@@ -1060,13 +1061,13 @@ def test_gluon_key_off_cuda_runs_the_triton_kernel(params, monkeypatch):
 def test_gluon_launch_has_its_own_split_plan_and_the_workspace_holds_both(params):
     # the gluon object's programs_per_cu is the Gluon stage 1's own plan (the 8-bit calls it takes); the workspace a
     # graph preallocates must hold that plan and the Triton kernel's (the calls it does not cover: short pages, ...)
-    da = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
+    da = importlib.import_module("kernels.decode_attention.planning")
     cpu = torch.device("cpu")
     params()
     without = workspace_numel(4, 24, 4, 256, cpu, kv8=True)
     params(kv8={"gluon": {**GLUON_LAUNCH, "programs_per_cu": 64}, "balance": 1})
-    triton_plan = da._plan(4, 24, 4, 256, cpu, None, True)
-    gluon_plan = da._plan(4, 24, 4, 256, cpu, None, True, gluon=True)
+    triton_plan = da.split_plan(4, 24, 4, 256, cpu, None, True)
+    gluon_plan = da.split_plan(4, 24, 4, 256, cpu, None, True, gluon=True)
     assert gluon_plan.launch["BLOCK_N"] == 128 and "gluon" not in gluon_plan.launch
     assert triton_plan.launch["BLOCK_N"] != 128 and gluon_plan.rows(4) > triton_plan.rows(4)
     both = workspace_numel(4, 24, 4, 256, cpu, kv8=True)

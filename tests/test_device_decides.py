@@ -21,11 +21,10 @@ IDENT = {"device": "cpu", "arch": "interpreter", "triton": "3.6.0", "torch": "2.
 SHAPE = {"heads_q": 4, "heads_kv": 2, "head_dim": 32}
 
 
-@pytest.fixture(autouse=True)
-def repository_kernels(monkeypatch):
-    """kernel_checks takes the wheel's vllm.dcu_kernels first (the tests' tree has it): here the repository's, so the
-    decisions it records are the ones this file reads."""
-    monkeypatch.setattr(kernel_checks, "_kernels", _repo_kernels)
+def test_kernel_checks_take_the_repositorys_kernels_this_file_reads():
+    # dcu/ imported as the top-level `dcu` resolves the kernels as `kernels` (dcu/_kernels.py), whatever else is on the
+    # path (the tests' tree has vllm.dcu_kernels): the decisions kernel_checks records are the ones this file reads
+    assert kernel_checks._kernels()[-1] is decisions and kernel_checks._kernels()[3] is cache_write
 
 
 @pytest.fixture
@@ -255,22 +254,14 @@ def test_decode_check_catches_a_kernel_that_computes_something_else(tuned, monke
         return out
 
     monkeypatch.setattr(pkg, "decode_attention", off_by_a_bit)
-    monkeypatch.setattr(kernel_checks, "_kernels", lambda: (off_by_a_bit, *_repo_kernels()[1:]))
+    rest = kernel_checks._kernels()[1:]
+    monkeypatch.setattr(kernel_checks, "_kernels", lambda: (off_by_a_bit, *rest))
     with caplog.at_level(logging.WARNING, logger="vllm.dcu.tuning"):
         assert kernel_checks.check_decode(4, 2, 32, torch.float16, "auto", 16, "cpu") is False
     (line,) = warnings_of(caplog)
     assert line.startswith("vllm-dcu: decode.bf16: our kernel differs from upstream: batch 1: max abs error 0.5")
 
 
-def _repo_kernels():
-    from kernels.decode_attention import decode_attention
-    from kernels.decode_attention.reference import paged_decode_reference
-    from kernels.kv_quant import layout
-    from kernels.prefill_attention import prefill_attention
-    from kernels.prefill_attention.reference import paged_prefill_reference
-
-    return decode_attention, prefill_attention, layout, cache_write, paged_decode_reference, \
-        paged_prefill_reference, decisions
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])

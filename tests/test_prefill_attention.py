@@ -401,8 +401,8 @@ def test_env_override_is_read(monkeypatch):
 def _nan_mirror(pa_mod, tokens=512, hkv=1, d=16):
     """The mirror buffer, allocated now and filled with NaN: a kernel that reads a slot the mirror kernel did not
     write gives NaN (the attention kernel reads whole page runs, so this covers the zero-filled page tails too)."""
-    pa_mod._MIRRORS.clear()
-    buf, scales = pa_mod._mirror_buffer(torch.device("cpu"), hkv, d, tokens)
+    pa_mod.MIRRORS.clear()
+    buf, scales = pa_mod.mirror_buffer(torch.device("cpu"), hkv, d, tokens)
     buf.fill_(float("nan"))
     scales.fill_(float("nan"))
     return buf, scales

@@ -59,8 +59,7 @@ def _setup(args):
 
     import torch
 
-    from vllm.dcu_kernels.targets import emulated_arch
-    from vllm.dcu_kernels.tuning import tuned_file
+    from .._kernels import emulated_arch, tuned_file
 
     try:
         emulated_arch()
@@ -80,8 +79,7 @@ def _setup(args):
 
 def tune(args) -> int:
     model, cases, dev, out, identity = _setup(args)
-    from vllm.dcu_kernels.gemv.dispatch import ShapeKey
-    from vllm.dcu_kernels.tuning import tuned_file
+    from .._kernels import ShapeKey, tuned_file
 
     from . import attention, gemv, kv_write, report
 

@@ -8,13 +8,8 @@ import math
 
 import torch
 
-from vllm.dcu_kernels.decode_attention import launch_params as decode_params
-from vllm.dcu_kernels.decode_attention.decode_attention import decode_attention
-from vllm.dcu_kernels.fp8_e4m3 import use_software_fp8
-from vllm.dcu_kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
-from vllm.dcu_kernels.prefill_attention import launch_params as prefill_params
-from vllm.dcu_kernels.prefill_attention.prefill_attention import prefill_attention
-from vllm.dcu_kernels.tuning import candidates
+from .._kernels import (candidates, decode_attention, decode_params, kv_cache_shape, prefill_attention, prefill_params,
+                       split_kv_cache, use_software_fp8)
 
 from .common import DECODE_TOL, PREFILL_TOL, base_override, ctx_label, rocm_options
 from .sweep import Case, Family, run_family

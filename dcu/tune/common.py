@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from vllm.dcu_kernels.tuning.candidates import ROCM_ONLY
+from .._kernels import ROCM_ONLY
 
 # the kernel tests' limits (tests/test_decode_attention.py, tests/test_prefill_attention.py: bf16 outputs): max
 # absolute error, relative error norm
@@ -109,7 +109,7 @@ def time_us(calls: dict, copies: int = 1, reps: int = 10) -> dict:
     kernels/gemv/dispatch.time_on_device (each side a captured graph, 50 ms of replays first); on the CPU (Triton's
     interpreter, which compiles nothing) one perf_counter call (numbers for the flow only)."""
     if device().type == "cuda":
-        from vllm.dcu_kernels.gemv.dispatch import time_on_device
+        from .._kernels import time_on_device
 
         return time_on_device(calls, copies, reps=reps, warmup_s=0.05)
     out = {}

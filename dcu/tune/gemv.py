@@ -8,11 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from vllm.dcu_kernels.gemv import dispatch
-from vllm.dcu_kernels.gemv import launch_params as gemv_params
-from vllm.dcu_kernels.gemv.gemv import gemv
-from vllm.dcu_kernels.gemv.silu_mul import silu_and_mul
-from vllm.dcu_kernels.tuning import candidates
+from .._kernels import candidates, gemv, gemv_params, silu_and_mul
+from .._kernels import gemv_dispatch as dispatch
 
 from .common import GEMV_MAX_REL, Failed, base_override, one_line, run_ours, sweep_over, time_us
 
@@ -23,7 +20,7 @@ def platform_linear(x, weight):
     """What vLLM runs without patch 0007: on ROCm upstream's rocm_unquantized_gemm body (vllm.dcu.gemv), else
     F.linear."""
     if torch.version.hip:
-        from vllm.dcu.gemv import platform_linear as rocm_linear
+        from ..gemv import platform_linear as rocm_linear
 
         return rocm_linear(x, weight, None)
     return F.linear(x, weight)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from vllm.dcu_kernels.fp8_e4m3 import use_software_fp8
-from vllm.dcu_kernels.kv_quant.cache_write import reshape_and_cache_per_token_head
-from vllm.dcu_kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
-from vllm.dcu_kernels.kv_quant.reference import quantize_per_token_head
+from .._kernels import (kv_cache_shape, quantize_per_token_head, reshape_and_cache_per_token_head, split_kv_cache,
+                       use_software_fp8)
 
 from .common import Failed, Side, run_ours, time_us
 

@@ -10,12 +10,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-try:  # the wheel's name; the repository's when imported from the checkout without a tree (dcu/prefill_attention.py)
-    from vllm.dcu_kernels.gemv import launch_params as gemv_launch_params
-    from vllm.dcu_kernels.kv_quant.layout import QWEN35_27B_PAGE_TOKENS
-except ImportError:
-    from kernels.gemv import launch_params as gemv_launch_params
-    from kernels.kv_quant.layout import QWEN35_27B_PAGE_TOKENS
+from .._kernels import gemv_params, layout
 
 # a GEMM of the model: (name, N, K, fused SiLU-and-mul), weights [N, K]
 GemmShape = tuple
@@ -60,9 +55,9 @@ TOY_CASES = Cases(decode=((2, 40),), prefill=((40, 64),), prefill_short=((40, 2)
                   mirror=512)
 
 # Qwen3.5-27B: the GEMV's and the engine pages' one tables (kernels/gemv/launch_params.py, kernels/kv_quant/layout.py)
-QWEN35_27B_GEMMS = gemv_launch_params.QWEN35_27B_GEMMS
+QWEN35_27B_GEMMS = gemv_params.QWEN35_27B_GEMMS
 NAMED = {
-    "qwen3.5-27b": ModelShapes("qwen3.5-27b", 24, 4, 256, dict(QWEN35_27B_PAGE_TOKENS), QWEN35_27B_GEMMS),
+    "qwen3.5-27b": ModelShapes("qwen3.5-27b", 24, 4, 256, dict(layout.QWEN35_27B_PAGE_TOKENS), QWEN35_27B_GEMMS),
 }
 
 # vLLM's page rules: 16 tokens without linear-attention layers; with them (Qwen3.5's Gated DeltaNet) the attention

@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import Callable
 
-from vllm.dcu_kernels.tuning.candidates import diff, merge
+from .._kernels import diff, merge
 
 from .common import Failed, Side, compare, env, geomean, one_line, run_ours, sweep_over, time_us
 

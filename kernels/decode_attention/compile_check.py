@@ -43,7 +43,9 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
     import triton
     from triton.compiler import ASTSource
 
-    from .decode_attention import _BLOCK_H, _decode_split_kernel, split_kernel_launch
+    from .planning import split_kernel_launch
+    from .splits import BLOCK_H
+    from .triton_kernels import _decode_split_kernel
 
     # V as the kind's cache stores it (int8 by dim: the int8 x int8 P x V path)
     v_by_dim = {1: "fp8", 2: "int8"}.get(kv_quant) in V_BY_DIM
@@ -53,7 +55,7 @@ def compile_variant(target: str, kv_quant: int, software: bool, ptx: bool, launc
         lambda base: "*bf16" if kv_quant == 0 and base in ("k", "v") else _PTR[base],
         ones=(("stride_vt",) if v_by_dim else ("stride_vd",)) + (("stride_ksh", "stride_vsh") if kv_quant else ()),
         div16=lambda name: name not in _NO_DIV16, scalars={"scale_log2": "fp32"})
-    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_H=_BLOCK_H,
+    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_H=BLOCK_H,
                   KV_QUANT=kv_quant, FP8_SOFTWARE=software, PTX=ptx, **launch_consts, **unit_strides)
     kernel = triton.compile(ASTSource(_decode_split_kernel, sig, constexprs=consts, attrs=attrs),
                             target=gpu_target(target), options=options)
@@ -87,8 +89,8 @@ def compile_gluon_variant(target: str, kv_quant: int, software: bool, launch: di
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .decode_attention import split_kernel_launch
     from .gluon_stage1 import _decode_split_kernel_gluon, gluon_constexprs
+    from .planning import split_kernel_launch
 
     v_by_dim = kv_quant == 2
     launch_consts, options = split_kernel_launch(launch, block_size, kv_quant, v_by_dim)  # as the launcher does

@@ -1,6 +1,6 @@
 """Stage 1 of the split-KV decode for 8-bit caches, written in Gluon (launch key ``gluon``, CUDA).
 
-Same grid, arguments, split plan, scale arithmetic and workspace as decode_attention._decode_split_kernel (stage 2
+Same grid, arguments, split plan, scale arithmetic and workspace as triton_kernels._decode_split_kernel (stage 2
 is shared), but the tile loop is laid out by hand where Triton's choices cost the 8-bit path its speed (issue #17):
 - The products run transposed: S^T = K q^T with the keys as the mma's rows (16 per warp and m-tile) and the query
   heads as its columns (BLOCK_H = 8, or 16 for groups over 8), then O^T = V^T P^T. A decode query has one row per
@@ -55,13 +55,13 @@ and P run while V lands, which shortens the first tile's wait and the last tile'
 after / before / after in one call (bench/results/2026-12-04-h200-session25.md): 0.93-0.97x the time at batch 1,
 0.97-1.01x at batch 4-64; x bf16 at 1 x 16K: fp8 0.56, int8 0.57-0.59 (0.60-0.61 before, same call).
 
-Where it applies (gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8 codes with
-V by token (head_dim contiguous) or int8 codes with V by dim (tokens contiguous), head_dim 256 (the one shape the GPU
-tests cover; 16 x num_warps <= BLOCK_N, checked with the launch key), a GQA group of at most 16, pages of at least
-BLOCK_N tokens and a multiple of 16 (a 16-token run never straddles a page). Elsewhere the launcher runs the Triton
-kernel. Hardware e4m3 gives the exact value (no x 2^-8), so S's factor takes 1 for the code unit and the output 2^32
-for 2^40 (acc is 2^8 x the Triton kernel's; m, l and P' are the same numbers). K rows, fp8's V rows and scales past
-a sequence's end are not read (zero-filled).
+Where it applies (planning.gluon_supported): CUDA with PTX conversions (sm80+: cp.async, mma.sync, ldmatrix), fp8
+codes with V by token (head_dim contiguous) or int8 codes with V by dim (tokens contiguous), head_dim 256 (the one
+shape the GPU tests cover; 16 x num_warps <= BLOCK_N, checked with the launch key), a GQA group of at most 16, pages
+of at least BLOCK_N tokens and a multiple of 16 (a 16-token run never straddles a page). Elsewhere the launcher runs
+the Triton kernel. Hardware e4m3 gives the exact value (no x 2^-8), so S's factor takes 1 for the code unit and the
+output 2^32 for 2^40 (acc is 2^8 x the Triton kernel's; m, l and P' are the same numbers). K rows, fp8's V rows and
+scales past a sequence's end are not read (zero-filled).
 """
 try:  # Triton 3.6 ships Gluon; a build without it (the DCU's, possibly) keeps the Triton kernel
     from triton.experimental import gluon
@@ -71,70 +71,32 @@ try:  # Triton 3.6 ships Gluon; a build without it (the DCU's, possibly) keeps t
 except ImportError:  # pragma: no cover - depends on the Triton build
     GLUON = False
 
-from .decode_attention import (_BLOCK_H, _KV8_OUT_FACTOR, _L_SHIFT, _PTX_E4M3_SW, _PTX_INT8, _balanced_split_of,
-                               _num_tiles, _pow2_fp16_scale, _split_range, _split_tiles, _v_scale_log2)
-
-HEAD_DIMS = (256,)
-
-
-def gluon_supported(kv_quant: int, ptx: bool, v_by_dim: bool, head_dim: int, group: int, block_size: int,
-                    block_n: int, num_stages: int, v_dim_stride: int = 1) -> bool:
-    """Whether the Gluon stage 1 takes this call (the module docstring says why each condition; a ring needs two
-    stages; V is read by token as byte pairs of a token's dims, so its head_dim stride, v_dim_stride, must be 1)."""
-    layout = (kv_quant == 1 and not v_by_dim and v_dim_stride == 1) or (kv_quant == 2 and v_by_dim)
-    return (GLUON and ptx and layout and head_dim in HEAD_DIMS
-            and group <= _BLOCK_H and block_size >= block_n and block_size % 16 == 0 and block_n in (64, 128)
-            and num_stages >= 2)
+from .codes import (KV8_HW_OUT_FACTOR, KV8_OUT_FACTOR, L_SHIFT, PTX_E4M3_HW_EXACT, PTX_E4M3_HW_PAIRS, PTX_E4M3_SW,
+                    PTX_E4M3_SW_PAIRS, PTX_INT8, pow2_fp16_scale, v_scale_log2)
+from .splits import balanced_split_of, num_tiles, split_range, split_tiles
 
 
 if GLUON:
-    _E4M3_HW = gl.constexpr("""{
-        .reg .b16 l, h;
-        mov.b32 {l, h}, $2;
-        cvt.rn.f16x2.e4m3x2 $0, l;
-        cvt.rn.f16x2.e4m3x2 $1, h;
-    }""")  # the exact e4m3 value (the Triton kernel's _PTX_E4M3_HW also multiplies by 2^-8); software e4m3 takes the
-    # Triton kernel's own PTX (value / 256)
-    _KV8_HW_OUT_FACTOR = gl.constexpr(4294967296.0)  # 2^32: acc holds exact e4m3 values, 2^8 x the 2^-8 units
-    # V by token: a thread's 32-bit word holds two tokens' (even dim, odd dim) byte pairs, b0 b1 | b2 b3; the tokens'
-    # even dims (b0, b2) and odd dims (b1, b3) become two f16x2 (one per output column of the pair)
-    _E4M3_HW_PAIRS = gl.constexpr("""{
-        .reg .b32 t;
-        .reg .b16 e, o;
-        prmt.b32 t, $2, 0, 0x3120;
-        mov.b32 {e, o}, t;
-        cvt.rn.f16x2.e4m3x2 $0, e;
-        cvt.rn.f16x2.e4m3x2 $1, o;
-    }""")  # exact e4m3 values
-    _E4M3_SW_PAIRS = gl.constexpr("""{
-        .reg .b32 a0, a1;
-        prmt.b32 a0, $2, 0, 0xa280;
-        prmt.b32 a1, $2, 0, 0xb391;
-        shl.b32 a0, a0, 7;
-        shl.b32 a1, a1, 7;
-        and.b32 $0, a0, 0xbf80bf80;
-        and.b32 $1, a1, 0xbf80bf80;
-    }""")  # value / 256: _PTX_E4M3_SW with the bytes taken (b0, b2) and (b1, b3)
-
     @gluon.jit
     def _cvt(codes, KV_QUANT: gl.constexpr, FP8_SOFTWARE: gl.constexpr):
         """8-bit codes -> fp16: int8 value / 128 (KV_QUANT 2), e4m3 value (hardware) or value / 256 (software)."""
         if KV_QUANT == 2:
-            return gl.inline_asm_elementwise(_PTX_INT8, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
+            return gl.inline_asm_elementwise(PTX_INT8, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
         elif FP8_SOFTWARE:
-            return gl.inline_asm_elementwise(_PTX_E4M3_SW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True,
+            return gl.inline_asm_elementwise(PTX_E4M3_SW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True,
                                              pack=4)
         else:
-            return gl.inline_asm_elementwise(_E4M3_HW, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
+            return gl.inline_asm_elementwise(PTX_E4M3_HW_EXACT, "=r,=r,r", [codes], dtype=gl.float16, is_pure=True,
+                                             pack=4)
 
     @gluon.jit
     def _cvt_pairs(pairs, FP8_SOFTWARE: gl.constexpr):
         """int16 pairs of e4m3 codes (V by token: a token's even and odd dim) -> (even dims, odd dims) in fp16."""
         if FP8_SOFTWARE:
-            return gl.inline_asm_elementwise(_E4M3_SW_PAIRS, "=r,=r,r", [pairs], dtype=(gl.float16, gl.float16),
+            return gl.inline_asm_elementwise(PTX_E4M3_SW_PAIRS, "=r,=r,r", [pairs], dtype=(gl.float16, gl.float16),
                                              is_pure=True, pack=2)
         else:
-            return gl.inline_asm_elementwise(_E4M3_HW_PAIRS, "=r,=r,r", [pairs], dtype=(gl.float16, gl.float16),
+            return gl.inline_asm_elementwise(PTX_E4M3_HW_PAIRS, "=r,=r,r", [pairs], dtype=(gl.float16, gl.float16),
                                              is_pure=True, pack=2)
 
     @gluon.jit
@@ -235,10 +197,10 @@ if GLUON:
         s = s * (k_scale * s_mult)[:, None]
         if LAST:
             s = gl.where((tile * BLOCK_N + offs_n < seq_len)[:, None], s, float("-inf"))
-        t = s + _v_scale_log2(v_scale, KV_QUANT)[:, None]
+        t = s + v_scale_log2(v_scale, KV_QUANT)[:, None]
         m_new = gl.maximum(m_i, gl.max(t, axis=0))
         alpha = gl.exp2(m_i - m_new)
-        l_t = l_t * alpha[None, :] + gl.exp2(s - (m_new - _L_SHIFT)[None, :])
+        l_t = l_t * alpha[None, :] + gl.exp2(s - (m_new - L_SHIFT)[None, :])
         # P^T [BLOCK_N, BLOCK_H] to every warp: through its own buffer, straight into the B operand
         p_smem.store(gl.exp2(t - m_new[None, :]).to(gl.float16))
         async_copy.wait_group(2 * NUM_STAGES - 2)  # this tile's V (the later tiles' groups may be in flight)
@@ -285,7 +247,7 @@ if GLUON:
         seq_len_balanced = gl.program_id(0) * 0
         if balanced:
             chunk_l: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
-            seq, split, n_splits_balanced, seq_len_balanced = _balanced_split_of(
+            seq, split, n_splits_balanced, seq_len_balanced = balanced_split_of(
                 gl.program_id(0), seq_lens_ptr, batch, balance_programs, max_splits, min_split_tokens, block_size,
                 gl.arange(0, BATCH_CHUNK, layout=chunk_l), BLOCK_N, False, BATCH_CHUNK)
             ws_first = gl.program_id(0) - split
@@ -330,12 +292,12 @@ if GLUON:
         qh = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, q_blk))
         q_raw = gl.load(q_ptr + seq * stride_qb + (kv_head * GROUP + qh)[None, :] * stride_qh + qd[:, None],
                         mask=(qh < GROUP)[None, :] & (qd[:, None] >= 0), other=0.0)
-        n_tiles = _num_tiles(seq_len, block_size, BLOCK_N, False)
+        n_tiles = num_tiles(seq_len, block_size, BLOCK_N, False)
         if balanced:
             n_splits = n_splits_balanced
             tiles_per_split = n_tiles // n_splits
         else:
-            tiles_per_split, n_splits = _split_range(seq_len, n_tiles, max_splits, min_split_tokens, EVEN_SPLITS)
+            tiles_per_split, n_splits = split_range(seq_len, n_tiles, max_splits, min_split_tokens, EVEN_SPLITS)
         if seq_len <= 0:
             if split == 0:
                 zero = gl.zeros([HALF, BLOCK_H], out_ptr.dtype.element_ty, mma)
@@ -345,9 +307,9 @@ if GLUON:
         if split >= n_splits:
             return
         if balanced:
-            tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, True)
+            tile_start, tile_end = split_tiles(split, tiles_per_split, n_splits, n_tiles, True)
         else:
-            tile_start, tile_end = _split_tiles(split, tiles_per_split, n_splits, n_tiles, EVEN_SPLITS)
+            tile_start, tile_end = split_tiles(split, tiles_per_split, n_splits, n_tiles, EVEN_SPLITS)
 
         # the ring: cp.async layouts (16 bytes per lane) and conflict-free swizzles
         D16: gl.constexpr = HEAD_DIM // 16
@@ -410,9 +372,9 @@ if GLUON:
                                                                          iss_phys1, bt_row, last_page, block_size,
                                                                          BLOCK_N)
 
-        # q^T: fp16 scaled by a power of two (as _q_for_codes), held as the B operand [HEAD_DIM, BLOCK_H]
+        # q^T: fp16 scaled by a power of two (as q_for_codes), held as the B operand [HEAD_DIM, BLOCK_H]
         q32 = q_raw.to(gl.float32)
-        q_s, q_inv_s = _pow2_fp16_scale(q32)
+        q_s, q_inv_s = pow2_fp16_scale(q32)
         qt = gl.convert_layout((q32 * q_s).to(gl.float16), b_q)
         if KV_QUANT == 2:
             s_mult = scale_log2 * 128.0 * q_inv_s  # int8 codes as value / 128
@@ -443,12 +405,12 @@ if GLUON:
 
         l_i = gl.sum(l_t, axis=0)
         if FP8_SOFTWARE or KV_QUANT == 2:
-            out_factor = _KV8_OUT_FACTOR / l_i
+            out_factor = KV8_OUT_FACTOR / l_i
         else:
-            out_factor = _KV8_HW_OUT_FACTOR / l_i
+            out_factor = KV8_HW_OUT_FACTOR / l_i
         o_a = acc_a * out_factor[None, :]
         o_b = acc_b * out_factor[None, :]
-        lse = m_i + gl.log2(l_i) - _L_SHIFT
+        lse = m_i + gl.log2(l_i) - L_SHIFT
         if n_splits == 1:
             gl.store(out_ptr + out_cols + d_a[:, None], o_a.to(out_ptr.dtype.element_ty), mask=hd_mask)
             gl.store(out_ptr + out_cols + d_b[:, None], o_b.to(out_ptr.dtype.element_ty), mask=hd_mask)

@@ -52,7 +52,7 @@ Keys of an entry:
               min_split_tokens]} (BLOCK_N 64 / 128, 16 x num_warps <= BLOCK_N), the launch of the Gluon stage 1
               (gluon_stage1.py: q held in registers, the codes through a cp.async ring straight into the matrix
               operands) for the 8-bit calls it covers (fp8 with V by token, int8 with V by dim, as their caches hold
-              them; head_dim 256, pages of at least its BLOCK_N tokens: gluon_stage1.gluon_supported), with its own
+              them; head_dim 256, pages of at least its BLOCK_N tokens: planning.gluon_supported), with its own
               split plan (the workspace is sized for both plans); every other call takes the Triton kernel with the
               rest of the entry. null drops it (sm90's entry sets it: see there);
               int8 (kv8 only): launch options merged over kv8 for int8 caches only (fp8 caches take kv8 as it is),
@@ -271,7 +271,10 @@ _CACHE: dict = {}
 def get_params(target: str, override: str | None = None) -> dict:
     """The entry for ``target`` with ``VLLM_DCU_DECODE_PARAMS`` (or ``override``) applied; validated.
     Callers must not modify the returned dict (it is cached per target and override text)."""
-    return cached_entry(_CACHE, ENV_VAR, _build_params, target, override, family="decode")
+    from ..tuning.decisions import launch_override  # the tuned file's layer (imported on first use, as before)
+
+    return cached_entry(_CACHE, ENV_VAR, _build_params, target, override, family="decode",
+                        tuned_override=launch_override)
 
 
 def _build_params(target: str, text: str, base: dict | None = None) -> dict:

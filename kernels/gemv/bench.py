@@ -32,7 +32,6 @@ three launch shapes (READ_ROOF), and torch.sum of W, so a GEMV's % of copy bandw
 plain read of the same bytes reaches at that size under the same timing (a small W's ramp-up and tail weigh more).
 """
 import argparse
-import datetime
 import json
 import math
 import os
@@ -42,9 +41,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import dispatch, launch_params
-from ..results_io import write_text
+from ..bench_common import log, parse_label_json, result_base, write_report
 from ..tuning.suggest import suggestion
+from . import bench_sweep, dispatch, launch_params
+from .bench_report import markdown, rel_error, variants_markdown
+from .bench_sweep import VARIANT_ROWS, VARIANT_STAGES, split_candidates, variant_grid  # noqa: F401 - tested here
 
 # (name, N, K, fused SiLU-and-mul): every dense decode GEMM of Qwen3.5-27B at TP 1
 SHAPES = list(launch_params.QWEN35_27B_GEMMS)
@@ -52,10 +53,6 @@ ROWS = (1, 2, 4, 8)
 DTYPE = torch.bfloat16
 DEV = "cuda"
 SMOKE = False
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 def smoke_setup():
@@ -66,6 +63,7 @@ def smoke_setup():
     # the tests' workarounds for Triton 3.6 interpreter bugs (numpy >= 2.4 loop bounds, bf16 tl.dot); the benchmark
     # runs from the repository root (python -m kernels.gemv.bench), where tests/ is importable
     import tests.triton_interp_compat  # noqa: F401
+
 
 
 # --- sweep grid ---------------------------------------------------------------------------------
@@ -98,33 +96,6 @@ def sweep_grid(bucket: int, rocm: bool = False, silu: bool = False) -> list:
             grid.append(c)
     return grid
 
-
-def split_candidates(n_out: int) -> list:
-    """Explicit K splits tried (stage 2) where N alone gives few programs."""
-    if n_out < 1024:
-        return [4, 8, 16]
-    if n_out <= 8192:
-        return [1, 2, 4]
-    return []
-
-
-# --- K loop pipelining at one row (--variants) ---------------------------------------------------
-
-VARIANT_ROWS = 1
-VARIANT_STAGES = (2, 3, 4)
-
-
-def variant_grid(table_cfg: dict) -> dict:
-    """Named launch configurations --variants times against a shape's table entry ``table_cfg`` at one row:
-    the same tiles, grid and split with the K loop plain ("plain") or pipelined K_STAGES 2 / 3 / 4 deep
-    ("k2" / "k3" / "k4": tl.range(num_stages=K_STAGES), async copies into shared memory on the FMA path
-    too, K_STAGES - 1 W tiles in flight per program); a side equal to the table entry is left out.
-    Measured on the H200 (2026-12-02, the sm90 table's comment): K_STAGES 3 helps at one row for the
-    N = 5120 shapes only; at 2-8 rows (the dot path, already pipelined by num_stages) it was slower, and
-    so was stream-K everywhere (removed), so neither is in the grid."""
-    plain = {k: v for k, v in table_cfg.items() if k != "K_STAGES"}
-    grid = {"plain": plain, **{f"k{s}": dict(plain, K_STAGES=s) for s in VARIANT_STAGES}}
-    return {name: cfg for name, cfg in grid.items() if cfg != table_cfg}
 
 
 # --- the read roof (--variants): what a plain streaming read of the same weight reaches ------------------------------
@@ -174,19 +145,12 @@ def reference(op, rows):
     return ref
 
 
+
 def parse_tries(items: list) -> dict:
     """--try LABEL=JSON items -> {label: {bucket: options}} (one object for every bucket, or one per bucket)."""
     out = {}
     for item in items:
-        label, sep, text = item.partition("=")
-        if not sep or not label.strip() or label.strip() in ("table", "platform"):
-            raise ValueError(f"--try needs LABEL=JSON with a label other than table / platform, got {item!r}")
-        try:
-            val = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--try {label}: not JSON: {e}") from None
-        if not isinstance(val, dict) or not val:
-            raise ValueError(f"--try {label}: JSON must be a non-empty object of launch options")
+        label, val = parse_label_json(item, "--try", reserved=("table", "platform"))
         buckets = [str(b) for b in launch_params.ROW_BUCKETS]
         if set(val) <= set(buckets):
             per = {int(b): cfg for b, cfg in val.items()}
@@ -195,7 +159,7 @@ def parse_tries(items: list) -> dict:
         for b, cfg in per.items():
             if not isinstance(cfg, dict):
                 raise ValueError(f"--try {label}: bucket {b} must be an object of launch options")
-        out[label.strip()] = per
+        out[label] = per
     return out
 
 
@@ -240,51 +204,6 @@ def run_variants(ops, target, copy_gbps, rows_list=(VARIANT_ROWS,), tries=None):
                 f"{t[best]:.1f} us")
         op.free()
     return out
-
-
-def variants_markdown(meta, rows):
-    what = ("named launch options (--try)" if meta.get("tries") else "K loop pipelining (K_STAGES)")
-    rows_txt = ", ".join(map(str, meta.get("variant_rows", [VARIANT_ROWS])))
-    out = [f"# Decode GEMV, {what} at {rows_txt} row(s): {meta['device']}", "",
-           f"Command: `{meta['command']}`", "",
-           (f"Device copy bandwidth (read + write, timed eagerly): {meta['copy_GBps']:.0f} GB/s. Platform: F.linear "
-            f"({meta['platform']}; for the fused row, then a separate SiLU-and-mul kernel). bf16, no bias. us per "
-            "call, CUDA/HIP-graph replay, median of 7, all sides of a shape interleaved in one call; weights rotated "
-            "through copies larger than the L2 cache."),
-           ("% copy = (W + x + out) bytes / time / copy bandwidth; /platform = time / platform time, /table = time / "
-            "table time (< 1: faster); err = ||y - y64|| / ||y64||; table = launch_params' entry for the shape; "
-            "plain / kS = the same tiles with the K loop plain / pipelined K_STAGES S deep; other sides: --try "
-            "options merged over the table's (config column); * = fastest GEMV side; read bBxP = the read roof, a "
-            "Triton kernel that only streams W (P programs per SM, B elements a step; no xP: one program per B "
-            "elements), read torch.sum = torch's float32 sum of W; timed once per shape in the first rows' call, "
-            "% copy of W's bytes."),
-           "",
-           "| GEMM | N x K | rows | side | us | % copy | /platform | /table | err | config |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        cfg = " ".join(f"{k}={v}" for k, v in r["config"].items()) if r["config"] else "F.linear"
-        star = " *" if r["best"] else ""
-        err = "-" if r["err"] is None else f"{r['err']:.1e}"
-        out.append(f"| {r['op']} | {r['n']}x{r['k']} | {r['rows']} | {r['side']}{star} | {r['us']:.1f} | "
-                   f"{r['pct']:.0f}% | {r['ratio']:.3f} | {r['vs_table']:.3f} | {err} | {cfg} |")
-    out += ["", "Best GEMV side per shape (a per-shape K_STAGES entry pays where /table is clearly below 1; "
-            "read roof = the best read side of the shape):", "",
-            "| GEMM | N x K | rows | best | % copy | /platform | /table | table % copy | platform % copy "
-            "| read roof % copy |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    by_key, roof = {}, {}
-    for r in rows:
-        if r["err"] is None:  # a read roof side
-            roof[(r["op"], r["n"], r["k"])] = max(roof.get((r["op"], r["n"], r["k"]), 0.0), r["pct"])
-        else:
-            by_key.setdefault((r["op"], r["n"], r["k"], r["rows"]), {})[r["side"]] = r
-    for (op, n, k, nrows), sides in by_key.items():
-        best = next(r for r in sides.values() if r["best"])
-        read = roof.get((op, n, k))
-        out.append(f"| {op} | {n}x{k} | {nrows} | {best['side']} | {best['pct']:.0f}% | {best['ratio']:.3f} | "
-                   f"{best['vs_table']:.3f} | {sides['table']['pct']:.0f}% | {sides['platform']['pct']:.0f}% | "
-                   f"{'-' if read is None else f'{read:.0f}%'} |")
-    return "\n".join(out) + "\n"
 
 
 # --- setup and timing ---------------------------------------------------------------------------
@@ -367,116 +286,13 @@ def copy_bandwidth():
     return 2 * n / (us * 1e-6) / 1e9  # a and b are freed on return
 
 
-def geomean(xs):
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
-def cfg_key(cfg):
-    return json.dumps(cfg, sort_keys=True)
-
-
-# --- sweep --------------------------------------------------------------------------------------
-
 def sweep(ops, rocm, deadline, rows_out):
-    """{(op name, bucket): {cfg_key: us}} for the grid (stage 1, split from the policy) and explicit
-    splits of the two best configurations where N is small (stage 2). Stops adding work at ``deadline``."""
-    results = {}
-    skipped = 0
-    for stage in (1, 2):
-        for op in ops:
-            for rows in ROWS:
-                res = results.setdefault((op.name, rows), {})
-                if stage == 1:
-                    cands = sweep_grid(rows, rocm, op.silu)
-                else:
-                    best = sorted(res.items(), key=lambda kv: kv[1])[:2]
-                    cands = [dict(json.loads(k), SPLIT_K=s) for k, _ in best for s in split_candidates(op.n_out)
-                             if "SPLIT_K" not in json.loads(k)]
-                for cfg in cands:
-                    if time.time() > deadline:
-                        skipped += 1
-                        continue
-                    key = cfg_key(cfg)
-                    if key in res:
-                        continue
-                    t0 = time.time()
-                    try:
-                        us = timed({"triton": op.triton(rows, cfg)}, op.copies)["triton"]
-                    except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: record, go on
-                        rows_out.append(dict(op=op.name, rows=rows, config=cfg, error=f"{type(e).__name__}: {e}"[:200]))
-                        log(f"sweep {op.name} rows {rows} {cfg}: {type(e).__name__}: {str(e)[:120]}")
-                        continue
-                    res[key] = us
-                    rows_out.append(dict(op=op.name, rows=rows, config=cfg, us=round(us, 2)))
-                    log(f"sweep {op.name} rows {rows} {cfg}: {us:.1f} us ({time.time() - t0:.1f} s)")
-    if skipped:
-        log(f"sweep: {skipped} configurations skipped at the --budget-s deadline")
-    return results, skipped
+    """bench_sweep.sweep with this module's rows, grid and timer (--smoke's at toy shapes)."""
+    return bench_sweep.sweep(ops, rocm, deadline, rows_out, ROWS, sweep_grid, timed)
 
 
 def suggest_entry(target, ops, results, base):
-    """The launch_params entry the sweep supports: per row bucket (plain and fused) the configuration with
-    the best geometric mean of time / the shape's best time over the shapes it ran on; per-shape
-    overrides where a shape's own best (incl. an explicit SPLIT_K) is > 3% faster than that."""
-    entry = json.loads(json.dumps(base))
-    entry["measured"] = True
-    entry["shapes"] = {}
-    for silu, table in ((False, "rows"), (True, "silu_rows")):
-        group = [op for op in ops if op.silu == silu]
-        if not group:
-            continue
-        for rows in ROWS:
-            per_op = [results.get((op.name, rows), {}) for op in group]
-            per_op = [r for r in per_op if r]
-            if not per_op:
-                continue
-            common = set.intersection(*(set(k for k in r if "SPLIT_K" not in json.loads(k)) for r in per_op))
-            if not common:
-                continue
-            score = {k: geomean([r[k] / min(r.values()) for r in per_op]) for k in common}
-            default = min(score, key=score.get)
-            entry[table][str(rows)] = json.loads(default)
-            for op in group:
-                r = results.get((op.name, rows), {})
-                if not r or default not in r:
-                    continue
-                best = min(r, key=r.get)
-                if r[best] < 0.97 * r[default]:
-                    cfg = json.loads(best)
-                    diff = {k: v for k, v in cfg.items() if entry[table][str(rows)].get(k) != v}
-                    name = launch_params.shape_name(op.n, op.k, op.silu)
-                    entry["shapes"].setdefault(name, {})[str(rows)] = diff
-    # the entry must pass the table's own validation
-    text = json.dumps({k: entry[k] for k in ("rows", "silu_rows", "shapes")})
-    launch_params.get_params(target, override=text)
-    return entry
-
-
-# --- report -------------------------------------------------------------------------------------
-
-def rel_error(y, ref):
-    return float((y.double() - ref).norm() / ref.norm().clamp_min(1e-300))
-
-
-def markdown(meta, rows):
-    out = [f"# Decode GEMV: {meta['device']}", "", f"Command: `{meta['command']}`", "",
-           f"Device copy bandwidth (read + write): {meta['copy_GBps']:.0f} GB/s. Platform GEMM: F.linear "
-           f"({meta['platform']}); for the fused row, F.linear then a separate SiLU-and-mul kernel. bf16, no bias.",
-           f"GEMV configuration: {meta['config_source']}. Times in us per call, CUDA/HIP-graph replay, median of 7;"
-           " weights rotated through copies larger than the L2 cache.",
-           "GB/s = (W + x + out) bytes / time; % = of copy bandwidth; T/P = GEMV time / platform time (< 1: GEMV"
-           " faster); pick = the dispatch's choice (GEMV only when > 1% faster); err = ||y - y64|| / ||y64||"
-           " against float64.", "",
-           "| GEMM | N x K | rows | GEMV us | GB/s | % copy | platform us | GB/s | % copy | T/P | pick | "
-           "GEMV err | platform err | config |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
-        out.append(f"| {r['op']} | {r['n']}x{r['k']} | {r['rows']} | {r['triton_us']:.1f} | {r['triton_GBps']:.0f} | "
-                   f"{r['triton_pct']:.0f}% | {r['platform_us']:.1f} | {r['platform_GBps']:.0f} | "
-                   f"{r['platform_pct']:.0f}% | {r['ratio']:.3f} | {r['pick']} | {r['triton_err']:.1e} | "
-                   f"{r['platform_err']:.1e} | {cfg} |")
-    return "\n".join(out) + "\n"
+    return bench_sweep.suggest_entry(target, ops, results, base, ROWS)
 
 
 def main(argv=None):
@@ -540,8 +356,6 @@ def main(argv=None):
 
     command = "python -m kernels.gemv.bench" + " ".join([""] + (argv if argv is not None else sys.argv[1:]))
     command = command.replace(f" --out {args.out}", "")
-    stamp = datetime.date.today().isoformat()
-    dev = name.replace(" ", "-").lower()
     # --shapes goes with --variants only (checked above)
     ops = [Op(op_name, n, k, silu, l2) for op_name, n, k, silu in SHAPES if shapes is None or f"{n}x{k}" in shapes]
     if args.variants:
@@ -552,9 +366,8 @@ def main(argv=None):
                 "variant_K_STAGES": [] if tries else list(VARIANT_STAGES),
                 "tries": {label: {str(b): c for b, c in per.items()} for label, per in tries.items()}}
         md = variants_markdown(meta, rows_out)
-        base_path = os.path.join(args.out, f"{stamp}-{dev}-gemv-variants" + (f"-{args.tag}" if args.tag else ""))
-        write_text(base_path + ".json", json.dumps({"meta": meta, "rows": rows_out}, indent=1))
-        write_text(base_path + ".md", md)
+        base_path = result_base(args.out, name, "gemv-variants", args.tag)
+        write_report(base_path, {"meta": meta, "rows": rows_out}, md)
         log(f"wrote {base_path}.{{json,md}} in {time.time() - t_start:.0f} s")
         print(md)
         return base_path
@@ -592,7 +405,7 @@ def main(argv=None):
                 f"{t['platform']:.1f} us ({r['platform_pct']:.0f}%) -> {r['pick']}")
         op.free()
 
-    base_path = os.path.join(args.out, f"{stamp}-{dev}-gemv" + (f"-{args.tag}" if args.tag else ""))
+    base_path = result_base(args.out, name, "gemv", args.tag)
     meta = dict(device=name, target=target, copy_GBps=copy_gbps, platform=platform, config_source=source,
                 torch=torch.__version__, triton=triton.__version__, command=command,
                 seconds=round(time.time() - t_start), swept=not args.quick, sweep_skipped=skipped)
@@ -601,8 +414,7 @@ def main(argv=None):
         suggestion_fields, suggestion_md = suggestion("gemv", target, entry)
         meta.update(suggestion_fields)
     md = markdown(meta, table)
-    write_text(base_path + ".json", json.dumps(dict(meta=meta, rows=table, sweep=sweep_rows), indent=1))
-    write_text(base_path + ".md", md + suggestion_md)
+    write_report(base_path, dict(meta=meta, rows=table, sweep=sweep_rows), md + suggestion_md)
     log(f"wrote {base_path}.{{json,md}} in {time.time() - t_start:.0f} s")
     if suggestion_md:
         print(suggestion_md.strip("\n"))

@@ -276,7 +276,9 @@ _CACHE: dict = {}
 def get_params(target: str, override: str | None = None) -> dict:
     """The entry for ``target`` with ``VLLM_DCU_GEMV_PARAMS`` (or ``override``) applied; validated.
     Callers must not modify the returned dict (it is cached per target and override text)."""
-    return cached_entry(_CACHE, ENV_VAR, _build_params, target, override, family="gemv")
+    from ..tuning.decisions import launch_override  # the tuned file's layer (imported on first use, as before)
+
+    return cached_entry(_CACHE, ENV_VAR, _build_params, target, override, family="gemv", tuned_override=launch_override)
 
 
 def _build_params(target: str, text: str, base: dict | None = None) -> dict:

@@ -37,6 +37,7 @@ import types
 import torch
 import triton
 
+from ..bench_common import graph_ms
 from ..kv_quant.cache_write import reshape_and_cache_per_token_head
 from ..kv_quant.layout import QWEN35_27B_PAGE_TOKENS, kv_cache_shape, split_kv_cache
 from ..results_io import write_result_pair
@@ -86,7 +87,7 @@ def load_unified_attention(path, block_m=None):
     patched file's ``vllm.dcu_kernels`` imports resolve to this repository's kernels); ``block_m`` sets patch
     0005's VLLM_DCU_PREFILL_BLOCK_M while the module is loaded (it is read at import)."""
     from .. import fp8_e4m3
-    from ..decode_attention.bench import _load_ua_file
+    from ..bench_common import load_ua_file
     from ..kv_quant import dequant
 
     extra = {  # the series' file imports patch 0002's conversions from vllm.dcu_kernels
@@ -101,7 +102,7 @@ def load_unified_attention(path, block_m=None):
     else:
         os.environ.pop("VLLM_DCU_PREFILL_BLOCK_M", None)
     try:
-        unified_attention = _load_ua_file(path, extra, f"ua_bench_bm{block_m or 'up'}")
+        unified_attention = load_ua_file(path, extra, f"ua_bench_bm{block_m or 'up'}")
     finally:
         if env is None:
             os.environ.pop("VLLM_DCU_PREFILL_BLOCK_M", None)
@@ -164,14 +165,10 @@ def run_ua(fn, case):
 
 
 def time_ms(fn):
-    fn()
     if DEV == "cpu":
-        return float("nan")
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
         fn()
-    return triton.testing.do_bench(graph.replay, warmup=20, rep=100, return_mode="median")
+        return float("nan")
+    return graph_ms(fn)  # fn runs once, then a graph of it is replayed (bench_common)
 
 
 def flops(history, chunk):

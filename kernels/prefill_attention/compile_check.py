@@ -22,7 +22,9 @@ import triton
 
 from ..compile_tools import amdgcn_usage, gpu_target, jit_signature, ptxas_usage
 from . import launch_params
-from .prefill_attention import MIRROR_PAGE, _prefill_kernel, takes_int8_products
+from .mirror import MIRROR_PAGE
+from .prefill_attention import takes_int8_products
+from .prefill_kernel import _prefill_kernel
 
 _PTR = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "ks": "*fp32", "vs": "*fp32", "out": "*bf16", "cu_q": "*i32",
         "seq_lens": "*i32", "block_table": "*i32", "sel": "*i32"}

@@ -125,7 +125,9 @@ _CACHE: dict = {}
 def get_params(target: str, override: str | None = None) -> dict:
     """The entry for ``target`` with ``VLLM_DCU_PREFILL_PARAMS`` (or ``override``) applied, validated and cached.
     Callers must not modify the returned dict."""
-    return cached_entry(_CACHE, ENV_VAR, _build, target, override, family="prefill")
+    from ..tuning.decisions import launch_override  # the tuned file's layer (imported on first use, as before)
+
+    return cached_entry(_CACHE, ENV_VAR, _build, target, override, family="prefill", tuned_override=launch_override)
 
 
 def _build(target: str, text: str, base: dict | None = None) -> dict:

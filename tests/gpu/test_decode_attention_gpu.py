@@ -15,13 +15,14 @@ import triton
 import triton.language as tl
 
 from kernels.decode_attention import decode_attention, launch_params, workspace_numel
-from kernels.decode_attention.decode_attention import _codes_to_f16, _decode_split_kernel, _merge_splits_kernel
+from kernels.decode_attention.codes import codes_to_f16
+from kernels.decode_attention.triton_kernels import _decode_split_kernel, _merge_splits_kernel
 from kernels.decode_attention.reference import paged_decode_reference
 from kernels.kv_quant.reference import quantized_paged_cache
 from tests.attention_checks import assert_rel_close, v_by_dim, v_by_token
 
 pytestmark = pytest.mark.gpu
-da_module = importlib.import_module("kernels.decode_attention.decode_attention")  # the package exports the function
+planning = importlib.import_module("kernels.decode_attention.planning")  # PTX_CONVERSIONS: the launch decision reads it
 # these tests are the Triton stage 1's (the DCU's kernel): sm90's kv8 entry sends int8 and fp8 calls to the Gluon
 # stage 1, so every test here drops that key; tests/gpu/test_decode_attention_gluon_gpu.py tests the Gluon one
 TRITON_STAGE1 = {"kv8": {"gluon": None}}
@@ -181,7 +182,7 @@ def test_ptx_code_conversions_agree_with_the_portable_triton_ones(monkeypatch, k
     # CUDA converts codes with inline PTX; the DCU runs the portable Triton ops: same fp16 values
     case = make_case([7000, 1553, 20], 1552, kv_quant=kv_quant, seed=4)
     ptx = run(case, software_fp8=software)
-    monkeypatch.setattr(da_module, "PTX_CONVERSIONS", False)
+    monkeypatch.setattr(planning, "PTX_CONVERSIONS", False)
     portable = run(case, software_fp8=software)
     check(portable, case)
     assert (ptx.float() - portable.float()).abs().max().item() <= 2e-3
@@ -265,7 +266,7 @@ def check_rel(out, case):
 @pytest.mark.parametrize("k_mag", [2.0, 6e4])
 @pytest.mark.parametrize("v_mag", [1e-6, 1e5])
 def test_8bit_values_across_the_range(monkeypatch, kv_quant, software, ptx, k_mag, v_mag):
-    monkeypatch.setattr(da_module, "PTX_CONVERSIONS", ptx)
+    monkeypatch.setattr(planning, "PTX_CONVERSIONS", ptx)
     case = make_case([16385, 5000, 17], 1552, kv_quant=kv_quant, seed=8, k_mag=k_mag, v_mag=v_mag)
     check_rel(run(case, software_fp8=software), case)
     check_rel(run(case, software_fp8=software, num_splits=1), case)  # one program per (sequence, kv head)
@@ -379,7 +380,7 @@ def test_int8_pv_costs_no_accuracy_against_the_fp16_path(q_dtype, v_mag, k_mag):
 def _convert_kernel(codes_ptr, out_ptr, KV_QUANT: tl.constexpr, SOFTWARE: tl.constexpr, PTX: tl.constexpr):
     offs = tl.arange(0, 256)
     codes = tl.load(codes_ptr + offs[None, :])
-    tl.store(out_ptr + offs[None, :], _codes_to_f16(codes, KV_QUANT, SOFTWARE, PTX))
+    tl.store(out_ptr + offs[None, :], codes_to_f16(codes, KV_QUANT, SOFTWARE, PTX))
 
 
 @pytest.mark.parametrize("kv_quant,software", [("fp8", False), ("fp8", True), ("int8", False)])
