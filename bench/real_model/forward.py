@@ -23,6 +23,7 @@ Two attention routes (``attn``):
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +83,8 @@ class KernelCache:
     def __init__(self, kv_dtype: str, max_tokens: int, heads: int, head_dim: int):
         from kernels.kv_quant.layout import kv_cache_shape, split_kv_cache
 
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            import tests.triton_interp_compat  # noqa: F401  (two Triton 3.6 interpreter bugs the kernels meet)
         self.kind = _KIND.get(kv_dtype)
         self.per_tensor = kv_dtype == "fp8"
         blocks = -(-max_tokens // BLOCK_SIZE)
