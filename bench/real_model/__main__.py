@@ -4,6 +4,7 @@
         [--kernel-tokens 64] [--out DIR]                        CPU route (torch forward, our kernels)
     python -m bench.real_model convert OUT_DIR [--keep-permutation]   GGUF -> bf16 HF directory
     python -m bench.real_model verify [--tokens 512]            converter check (exit 1 if it fails)
+    python -m bench.real_model analyze [--tokens 1024]          error per layer, KV head, position, channel
     python -m bench.real_model engine --hf-dir DIR [...]        engine route on a GPU (bench/real_model/engine.py)
     python -m bench.real_model parts split|join ...             the GGUF and text in parts for device calls
 
@@ -90,6 +91,16 @@ def cmd_cpu(args) -> int:
     return 0
 
 
+def cmd_analyze(args) -> int:
+    from . import analyze
+
+    model, tok, _ = load()
+    command = "python -m bench.real_model " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    md = analyze.run(model, tok, fetch.read_text(), args.tokens, args.window, Path(args.out), command)
+    print(md.read_text())
+    return 0
+
+
 def cmd_convert(args) -> int:
     from . import convert
 
@@ -134,6 +145,11 @@ def main(argv=None) -> int:
     c.add_argument("--kernel-windows", type=int, default=1)
     c.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
     c.set_defaults(func=cmd_cpu)
+    a = sub.add_parser("analyze", help="error per layer / head / position / channel")
+    a.add_argument("--tokens", type=int, default=1024)
+    a.add_argument("--window", type=int, default=2, help="which of the evenly spaced windows (0-based)")
+    a.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
+    a.set_defaults(func=cmd_analyze)
     v = sub.add_parser("convert", help="GGUF -> bf16 HF directory")
     v.add_argument("out_dir")
     v.add_argument("--gguf")
@@ -143,18 +159,25 @@ def main(argv=None) -> int:
     f.add_argument("--tokens", type=int, default=512)
     f.add_argument("--hf-dir")
     f.set_defaults(func=cmd_verify)
-    e = sub.add_parser("engine", help="engine route (GPU)", add_help=False)
-    e.set_defaults(func=lambda a: __import__("bench.real_model.engine", fromlist=["main"]).main(a.rest))
-    e.add_argument("rest", nargs=argparse.REMAINDER)
-    p = sub.add_parser("parts", help="split / join the model and text for device calls", add_help=False)
-    p.set_defaults(func=lambda a: __import__("bench.real_model.parts", fromlist=["main"]).main(a.rest))
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("engine", help="engine route (GPU): python -m bench.real_model engine --help")
+    sub.add_parser("parts", help="split / join the model and text for device calls")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("engine", "parts"):  # their own parsers (engine.py, parts.py)
+        import importlib
+
+        mod = importlib.import_module(f"bench.real_model.{argv[0]}")
+        return _guarded(lambda: mod.main(argv[1:]))
     args = ap.parse_args(argv)
     for name in ("windows", "prompts", "retrieval_n", "prompt_len", "new_tokens"):
         if getattr(args, name, 1) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    return _guarded(lambda: args.func(args))
+
+
+def _guarded(fn) -> int:
+    """Run a command; the errors a user can cause end as one ``error: ...`` line and exit 2."""
     try:
-        return args.func(args)
+        return fn()
     except Exception as exc:  # noqa: BLE001  (one line, not a traceback: the contract of every tool here)
         if isinstance(exc, (fetch.FetchError, ValueError, OSError)) or type(exc).__name__ == "ConvertError":
             print(f"error: {exc}", file=sys.stderr)

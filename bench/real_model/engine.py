@@ -42,10 +42,10 @@ def engine_llm(hf_dir: str, backend: str, kv: str):
 
     from ci.gpu import harness
 
-    kw = harness.engine_kwargs(None, eager=True, model=hf_dir, attention_backend=backend, kv_cache_dtype=kv,
-                               max_model_len=MAX_LEN, max_num_seqs=32, max_num_batched_tokens=4096,
-                               gpu_memory_utilization=0.3, enable_prefix_caching=False, max_logprobs=TOPK, seed=0)
-    return LLM(**kw)
+    kw = harness.engine_kwargs(eager=True, attention_backend=backend, kv_cache_dtype=kv, max_model_len=MAX_LEN,
+                               max_num_seqs=32, max_num_batched_tokens=4096, gpu_memory_utilization=0.3,
+                               enable_prefix_caching=False, max_logprobs=TOPK, seed=0)
+    return LLM(model=hf_dir, **kw)
 
 
 def worker(cfg: dict) -> None:
