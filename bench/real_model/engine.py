@@ -2,7 +2,7 @@
 
     bash ci/gpu/run.sh python -m bench.real_model engine [--hf-dir DIR] [--backends DCU_TRITON_ATTN,TRITON_ATTN]
         [--kv auto,int8_per_token_head,fp8_per_token_head,fp8] [--contexts 1024,2048,4096,8192] [--windows 4]
-        [--prompts 16] [--new-tokens 64] [--retrieval-contexts 2048,4096,8192] [--retrieval-n 24]
+        [--prompts 16] [--new-tokens 64] [--retrieval-contexts 2048,4096,8192] [--retrieval-n 64]
         [--out DIR] [--deadline-s S]
 
 Each (backend, KV dtype) runs in its own process (``engine worker``): one LLM with the harness's settings
@@ -12,7 +12,8 @@ same windows, passages and chat prompts as the CPU route):
 * every window's prompt logprobs with the top 20 per position (``prompt_logprobs=20``); a window of context C has
   min(C, 8191) tokens (the model's 8192 positions hold the window and the one sampled token);
 * greedy continuations (``--new-tokens``, ignore_eos) of ``--prompts`` passages of 256 tokens;
-* retrieval and aggregation answers (greedy, 24 tokens, stop at <|im_end|>), exact match of the first number.
+* retrieval and aggregation answers (greedy, 24 tokens, stop at <|im_end|>), exact match of the first number; a task
+  whose bf16 exact match stays below --min-bf16-em at every context is not run for the 8-bit dtypes (dropped).
 The driver compares each KV dtype with bf16 KV of the same backend: perplexity from the prompt tokens' logprobs;
 top-1 from the rank-1 tokens; KL(bf16 || x) over bf16's top 20 plus one bucket for the rest (a lower bound of the
 full KL: merging outcomes never increases KL; a token in bf16's top 20 but not in x's gets x's 20th logprob, an
@@ -89,7 +90,7 @@ def worker(cfg: dict) -> None:
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     for task in ("retrieval", "aggregation"):
         meta[task] = {}
-        for c in cfg["retrieval_contexts"]:
+        for c in cfg["retrieval_contexts"] if task not in cfg.get("skip", ()) else ():
             ps = tasks.retrieval_prompts(tok, paras, c, cfg["retrieval_n"], task=task)
             res = gen([p["ids"] for p in ps], SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=[eos]))
             texts = [r.outputs[0].text for r in res]
@@ -153,7 +154,9 @@ def compare(run_dir: Path, names: dict, contexts, windows) -> dict:
                                      for kv, m in metas.items()}
         for task in ("retrieval", "aggregation"):
             for c, base in metas["auto"][task].items():
-                doc["sections"][task][c] = {kv: m[task][c] for kv, m in metas.items()}
+                doc["sections"][task][c] = {kv: m[task][c] for kv, m in metas.items() if c in m[task]}
+                if len(doc["sections"][task][c]) == 1:
+                    doc["sections"][task][c]["dropped"] = f"bf16 exact match {base['exact_match']:.2f}"
         docs[backend] = doc
     return docs
 
@@ -173,7 +176,10 @@ def main(argv) -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--retrieval-contexts", type=_ints, default=[2048, 4096, 8192])
-    ap.add_argument("--retrieval-n", type=int, default=24)
+    ap.add_argument("--retrieval-n", type=int, default=64)
+    ap.add_argument("--min-bf16-em", type=float, default=0.5,
+                    help="drop a task (retrieval / aggregation) for the 8-bit dtypes when bf16's best exact match "
+                         "over the contexts is below this")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
     ap.add_argument("--deadline-s", type=float, default=570.0)
     args = ap.parse_args(argv)
@@ -186,13 +192,13 @@ def main(argv) -> int:
         convert.convert(fetch.gguf_path(), Path(hf))
     names, failed = {}, {}
     for backend in [b for b in args.backends.split(",") if b]:
-        names[backend] = {}
+        names[backend], skip = {}, []
         for kv in ["auto"] + [k for k in args.kv if k != "auto"]:
             name = f"{backend}-{kv}"
             if time.time() > t_end - 60:
                 failed[name] = "skipped: deadline"
                 continue
-            cfg = dict(name=name, backend=backend, kv=kv, hf_dir=hf, out_dir=str(work / name),
+            cfg = dict(name=name, backend=backend, kv=kv, hf_dir=hf, out_dir=str(work / name), skip=skip,
                        contexts=args.contexts, windows=args.windows, prompts=args.prompts, new_tokens=args.new_tokens,
                        retrieval_contexts=args.retrieval_contexts, retrieval_n=args.retrieval_n)
             cmd = [sys.executable, "-m", "bench.real_model", "engine", "worker", json.dumps(cfg)]
@@ -203,6 +209,10 @@ def main(argv) -> int:
             if rc != 0:
                 failed[name] = f"worker exit {rc}"
             names[backend][kv] = name
+            if kv == "auto" and rc == 0:  # a task bf16 cannot do is dropped for the other dtypes
+                base = json.loads((work / name / "meta.json").read_text())
+                skip = [t for t in ("retrieval", "aggregation")
+                        if max((r["exact_match"] for r in base[t].values()), default=0) < args.min_bf16_em]
     import torch
 
     gpu = torch.cuda.get_device_name(0).split()[-1].lower() if torch.cuda.is_available() else "gpu"
