@@ -18,6 +18,7 @@ def write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
@@ -57,7 +58,12 @@ def targets(doc: dict) -> list[str]:
                 worse.append(f"top-1 at {c}")
     g = s.get("greedy", {})
     if "fp8" in g and "fp8_per_token_head" in g and g["fp8_per_token_head"]["agreement"] < g["fp8"]["agreement"]:
-        worse.append("greedy agreement")
+        big = 10**9  # identical: diverges after the end
+        pairs = [(big if a is None else a, big if b is None else b)
+                 for a, b in zip(g["fp8_per_token_head"]["first_divergence"], g["fp8"]["first_divergence"])]
+        earlier, later = sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
+        worse.append(f"greedy agreement; paired: fp8_per_token_head diverged first on {earlier} passages, "
+                     f"per-tensor fp8 on {later}, {len(pairs) - earlier - later} ties")
     lines.append("- fp8_per_token_head no worse than per-tensor fp8 anywhere: "
                  + ("met" if not worse else "MISSED (" + ", ".join(worse) + ")"))
     return lines
