@@ -2,7 +2,7 @@
 
     bash ci/gpu/run.sh python -m bench.real_model engine [--hf-dir DIR] [--backends DCU_TRITON_ATTN,TRITON_ATTN]
         [--kv auto,int8_per_token_head,fp8_per_token_head,fp8] [--contexts 1024,2048,4096,8192] [--windows 4]
-        [--prompts 16] [--new-tokens 64] [--retrieval-contexts 2048,4096,8192] [--retrieval-n 64]
+        [--prompts 64] [--new-tokens 64] [--retrieval-contexts 2048,4096,8192] [--retrieval-n 64]
         [--out DIR] [--deadline-s S]
 
 Each (backend, KV dtype) runs in its own process (``engine worker``): one LLM with the harness's settings
@@ -173,7 +173,7 @@ def main(argv) -> int:
     ap.add_argument("--kv", type=_kvs, default=["auto", "int8_per_token_head", "fp8_per_token_head", "fp8"])
     ap.add_argument("--contexts", type=_ints, default=[1024, 2048, 4096, 8192])
     ap.add_argument("--windows", type=int, default=4)
-    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--retrieval-contexts", type=_ints, default=[2048, 4096, 8192])
     ap.add_argument("--retrieval-n", type=int, default=64)
