@@ -121,7 +121,11 @@ def cmd_verify(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(args.hf_dir) if args.hf_dir else convert.convert(fetch.gguf_path(), Path(tmp) / "hf")
         _, tok, _ = load()
-        ids = torch.tensor(tasks.windows(tasks.tokenize(tok, fetch.read_text()), args.tokens, 3)[1])
+        text = fetch.read_text()
+        at = text.index("\n\n", len(text) // 3) + 2  # a paragraph a third into the text
+        ids = torch.tensor(tasks.tokenize(tok, text[at:at + 8 * args.tokens])[:args.tokens])
+        if ids.numel() < args.tokens:
+            raise ValueError(f"--tokens {args.tokens}: the sample holds only {ids.numel()} tokens")
         res = verify.run(fetch.gguf_path(), hf, ids)
     print(json.dumps(res, indent=1))
     return 0 if res["passed"] else 1

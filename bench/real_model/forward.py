@@ -19,6 +19,7 @@ Two attention routes (``attn``):
   ``decode_attention``; queries and outputs in bf16 as in the engine. bf16 pages are written by indexing (vLLM's own
   write) and the per-tensor fp8 cache is e4m3 codes with every scale 1.0, which the same kernels read exactly as
   0.18.1 reads its cache.
+``float32`` (torch route only) keeps K/V unrounded: the converter check compares with transformers' float32 forward.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from kernels.kv_quant.reference import fake_quantize, quantize_per_tensor_fp8
 
 KV_DTYPES = ("auto", "int8_per_token_head", "fp8_per_token_head", "fp8")
 _FAKE_MODE = {"auto": "bf16", "int8_per_token_head": "int8_pth", "fp8_per_token_head": "fp8_pth",
-              "fp8": "fp8_per_tensor"}
+              "fp8": "fp8_per_tensor", "float32": None}
 _KIND = {"int8_per_token_head": "int8", "fp8_per_token_head": "fp8", "fp8": "fp8"}
 BLOCK_SIZE = 16
 
@@ -61,7 +62,8 @@ class TorchCache:
         self.k = self.v = None
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        k, v = (fake_quantize(x.to(torch.bfloat16), self.mode) for x in (k, v))
+        if self.mode is not None:
+            k, v = (fake_quantize(x.to(torch.bfloat16), self.mode) for x in (k, v))
         self.k = k if self.k is None else torch.cat([self.k, k])
         self.v = v if self.v is None else torch.cat([self.v, v])
 
@@ -144,7 +146,7 @@ class Model:
         self.head = tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"])
 
     def new_caches(self, kv_dtype: str, attn: str = "torch", max_tokens: int = 0) -> list:
-        if kv_dtype not in KV_DTYPES:
+        if kv_dtype not in KV_DTYPES and not (kv_dtype == "float32" and attn == "torch"):
             raise ValueError(f"kv dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
         if attn == "torch":
             return [TorchCache(kv_dtype) for _ in range(self.cfg["num_hidden_layers"])]
