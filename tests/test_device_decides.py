@@ -150,6 +150,10 @@ def test_the_file_decides_and_a_variable_overrides_it(tuned, monkeypatch):
                  "decode.int8": {"use": "ours", "ratio": 0.5, "why": "1 x 16K"}})
     assert not decisions.runs_ours("decode.bf16")
     assert decisions.decide("decode.bf16").why == "measured 1.25x upstream: 1 x 16K"
+    tuned(paths={"decode.int8": {"use": "ours", "ratio": 0.5, "why": "measured 0.50x upstream at 1 x 16K"}})
+    assert decisions.decide("decode.int8").why == "measured 0.50x upstream at 1 x 16K"  # the command's line, once
+    tuned(paths={"decode.bf16": {"use": "upstream", "ratio": 1.25, "why": "1 x 16K"},
+                 "decode.int8": {"use": "ours", "ratio": 0.5, "why": "1 x 16K"}})
     assert decisions.runs_ours("decode.int8")
     assert decisions.decide("prefill.bf16").why == "not in the tuned file tuned.json: table entry"
     decisions.reset()

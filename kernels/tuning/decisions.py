@@ -114,7 +114,9 @@ def decide(path: str, attention: dict | None = None) -> Decision:
         if entry is not None:
             ratio = entry.get("ratio")
             measured = f"measured {ratio:.2f}x upstream" if ratio else "tuned"
-            d = Decision(entry["use"], f"{measured}: {entry.get('why') or tf.path.name}")
+            why = entry.get("why") or tf.path.name
+            # the tuning command's own lines already say "measured ...x upstream at ..."
+            d = Decision(entry["use"], why if why.startswith("measured ") else f"{measured}: {why}")
         elif tf is not None:
             d = Decision("ours", f"not in the tuned file {tf.path.name}: table entry")
         else:
