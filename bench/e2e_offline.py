@@ -174,7 +174,7 @@ def main() -> int:
                          model_dir=str(Path(args.work) / f"e2e-model-l{args.layers}")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results_io = _load("results_io", REPO / "kernels" / "results_io.py")  # temp file + rename for every output
+    from kernels import results_io  # temp file + rename for every output (the repository is on the path)
 
     def write(results: list[dict]) -> str:
         """Write the JSON and table of the configurations done so far (after each: a cut run keeps them)."""
