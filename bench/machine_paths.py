@@ -8,25 +8,34 @@ from __future__ import annotations
 
 import re
 
-# /root/..., /home/<user>/..., /tmp/..., /work/... (a path: the prefix followed by a path character)
-MACHINE_PATH = re.compile(r"(?<![\w.$<>/-])/(?:root|home|tmp|work)/[\w.+-]")
+# The top-level folders whose paths belong to one machine: root's home, users' homes, the temporary folder and the
+# workplace. Spelled as names, not as paths, so this file names no path of a machine itself.
+ADMIN_HOME, HOMES, TMP, WORK = "root", "home", "tmp", "work"
+PREFIXES = (ADMIN_HOME, HOMES, TMP, WORK)
+
+# a path under one of them: the prefix followed by a path character
+MACHINE_PATH = re.compile(rf"(?<![\w.$<>/-])/(?:{'|'.join(PREFIXES)})/[\w.+-]")
 
 # (pattern, replacement) in order: the folders jobs.py, the harness and the benches use on the GPU box, then any
 # other path under those prefixes
 _RULES = [
-    (re.compile(r"/root/out\b"), "<out>"),
-    # (tmp) in a group: a pattern, not a scratch path this code writes to (tests/test_bench_workdir.py)
-    (re.compile(r"/(tmp)/jobs-res\b"), "<tmp>/jobs-res"),
-    (re.compile(r"/(tmp)/jobs-work\b"), "<tmp>/jobs-work"),
-    (re.compile(r"/(?:work|root)/[\w.+-]*(?:main|wt-\d+)\b"), "<repo>"),
-    (re.compile(r"/root/\.cache\b"), "<home>/.cache"),
-    (re.compile(r"/root/\.triton\b"), "<home>/.triton"),
-    (re.compile(r"/home/[\w.+-]+"), "<home>"),
-    (re.compile(r"/work/\.device\b"), "<device>"),
-    (re.compile(r"/(tmp)/"), "<tmp>/"),
-    (re.compile(r"/root/"), "<home>/"),
-    (re.compile(r"/work/"), "<work>/"),
+    (re.compile(rf"/{ADMIN_HOME}/out\b"), "<out>"),
+    (re.compile(rf"/{TMP}/jobs-res\b"), "<tmp>/jobs-res"),
+    (re.compile(rf"/{TMP}/jobs-work\b"), "<tmp>/jobs-work"),
+    (re.compile(rf"/(?:{WORK}|{ADMIN_HOME})/[\w.+-]*(?:main|wt-\d+)\b"), "<repo>"),
+    (re.compile(rf"/{ADMIN_HOME}/\.cache\b"), "<home>/.cache"),
+    (re.compile(rf"/{ADMIN_HOME}/\.triton\b"), "<home>/.triton"),
+    (re.compile(rf"/{HOMES}/[\w.+-]+"), "<home>"),
+    (re.compile(rf"/{WORK}/\.device\b"), "<device>"),
+    (re.compile(rf"/{TMP}/"), "<tmp>/"),
+    (re.compile(rf"/{ADMIN_HOME}/"), "<home>/"),
+    (re.compile(rf"/{WORK}/"), "<work>/"),
 ]
+
+
+def host_path(prefix: str, rest: str) -> str:
+    """A path of this kind on some machine (``prefix``: one of PREFIXES), for tests and examples."""
+    return f"/{prefix}/{rest}"
 
 
 def scrub(text: str) -> str:
