@@ -233,11 +233,14 @@ def test_l2_copies():
 
 
 def test_cache_dir_variables(tmp_path):
-    assert tuned_file.cache_dir({"VLLM_DCU_CACHE_DIR": str(tmp_path)}) == tmp_path
-    assert tuned_file.cache_dir({"VLLM_DCU_GEMV_CACHE_DIR": str(tmp_path)}) == tmp_path  # the old name still works
+    assert tuned_file.cache_dir({"VLLM_DCU_CACHE": str(tmp_path)}) == tmp_path  # the build's cache variable
     assert tuned_file.cache_dir({}).parts[-2:] == (".cache", "vllm-dcu")
-    assert tuned_file.default_path(IDENT, {"VLLM_DCU_CACHE_DIR": str(tmp_path)}) == \
+    assert tuned_file.default_path(IDENT, {"VLLM_DCU_CACHE": str(tmp_path)}) == \
         tmp_path / "tuned" / "sm90-nvidia-h200-132-cus.json"
+    old = tmp_path / "old"
+    assert tuned_file.default_path(IDENT, {"VLLM_DCU_GEMV_CACHE_DIR": str(old)}).parent == old / "tuned"  # still read
+    assert tuned_file.default_path(IDENT, {"VLLM_DCU_GEMV_CACHE_DIR": str(old), "VLLM_DCU_CACHE": str(tmp_path)}) \
+        .parent == tmp_path / "tuned"
     assert tuned_file.default_path(IDENT, {"VLLM_DCU_TUNED_FILE": str(tmp_path / "x.json")}) == tmp_path / "x.json"
 
 

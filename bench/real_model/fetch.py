@@ -13,7 +13,6 @@ Every failure is a ``FetchError`` whose message is one line.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import shutil
@@ -23,6 +22,10 @@ import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+
+from kernels.atomic_file import write_via_temp
+from kernels.tuning import tuned_file
+from tools.dcubuild.common import sha256_file
 
 from . import rdata
 
@@ -40,29 +43,15 @@ class FetchError(Exception):
 
 
 def cache_dir() -> Path:
-    base = Path(os.environ.get("VLLM_DCU_CACHE", Path.home() / ".cache" / "vllm-dcu"))
-    return base / "real-model"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return tuned_file.cache_dir() / "real-model"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+    def write(tmp):
+        Path(tmp).write_bytes(data)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    write_via_temp(path, write)
 
 
 def _run(cmd: list[str], cwd: str, what: str) -> None:

@@ -18,7 +18,7 @@ Environment:
   VLLM_DCU_GEMV             auto (default: measured) | triton (always the GEMV for <= 8 rows) |
                             platform (always the platform GEMM) | off (no hook at all: upstream's
                             code path, not even the custom op)
-  VLLM_DCU_CACHE_DIR        where the tuned file lives (default ~/.cache/vllm-dcu; VLLM_DCU_GEMV_CACHE_DIR
+  VLLM_DCU_CACHE            where the tuned file lives (default ~/.cache/vllm-dcu; VLLM_DCU_GEMV_CACHE_DIR
                             is still read); VLLM_DCU_TUNED_FILE names the file itself
   VLLM_DCU_GEMV_SILU_MUL    1 (default) | 0: offer the gate_up GEMV fused with SiLU-and-mul (it is then
                             measured against the platform GEMM + a separate SiLU-and-mul like any shape)

@@ -66,7 +66,7 @@ def reading_enabled(environ=None) -> bool:
 def active_file(device=None, warn: Callable[[str], None] | None = None):
     """The device's tuned file (loaded once per process), or None: reading switched off, none written yet, or
     ignored (one line). Under Triton's CPU interpreter a file is read only where a variable names it or its folder
-    (VLLM_DCU_TUNED_FILE, VLLM_DCU_CACHE_DIR): the tests stay apart from the machine's cache."""
+    (VLLM_DCU_TUNED_FILE, VLLM_DCU_CACHE, VLLM_DCU_GEMV_CACHE_DIR): the tests stay apart from the machine's cache."""
     if _FILE.get("loaded"):
         return _FILE["file"]
     _FILE.update(loaded=True, file=None, path=None)

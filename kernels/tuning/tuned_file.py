@@ -37,7 +37,7 @@ from ..atomic_file import write_via_temp
 
 FORMAT = "vllm-dcu-tuned/1"
 ENV_FILE = "VLLM_DCU_TUNED_FILE"
-ENV_CACHE_DIR = "VLLM_DCU_CACHE_DIR"
+ENV_CACHE_DIR = "VLLM_DCU_CACHE"  # the project's one cache folder: the build's downloads, the tuned files, the real model
 ENV_CACHE_DIR_OLD = "VLLM_DCU_GEMV_CACHE_DIR"  # the GEMV dispatch cache's variable before the tuned file; still read
 FAMILIES = {"decode": "VLLM_DCU_DECODE_PARAMS", "prefill": "VLLM_DCU_PREFILL_PARAMS", "gemv": "VLLM_DCU_GEMV_PARAMS"}
 PATHS = ("decode.bf16", "decode.int8", "decode.fp8", "prefill.bf16", "prefill.int8", "prefill.fp8",
@@ -91,20 +91,23 @@ def device_identity(device=None) -> dict:
 
 
 def cache_dir(environ=None) -> Path:
+    """The project's cache folder: ``VLLM_DCU_CACHE``, default ``~/.cache/vllm-dcu`` (tools/dcubuild's base wheel,
+    bench/real_model's model and text, and the tuned files under ``tuned/``)."""
     environ = os.environ if environ is None else environ
-    for var in (ENV_CACHE_DIR, ENV_CACHE_DIR_OLD):
-        if environ.get(var, "").strip():
-            return Path(environ[var]).expanduser()
-    return Path.home() / ".cache" / "vllm-dcu"
+    raw = environ.get(ENV_CACHE_DIR, "").strip()
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "vllm-dcu"
 
 
 def default_path(identity: dict, environ=None) -> Path:
-    """``VLLM_DCU_TUNED_FILE`` when set, else ``<cache>/tuned/<arch>-<device>.json`` (one file per device kind)."""
+    """``VLLM_DCU_TUNED_FILE`` when set, else ``<cache>/tuned/<arch>-<device>.json`` (one file per device kind; the
+    cache folder ``VLLM_DCU_CACHE``, or the GEMV dispatch's older ``VLLM_DCU_GEMV_CACHE_DIR`` when only that is set)."""
     environ = os.environ if environ is None else environ
     if environ.get(ENV_FILE, "").strip():
         return Path(environ[ENV_FILE]).expanduser()
+    old = environ.get(ENV_CACHE_DIR_OLD, "").strip()
+    base = Path(old).expanduser() if old and not environ.get(ENV_CACHE_DIR, "").strip() else cache_dir(environ)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{identity['arch']}-{identity['device']}").strip("-").lower()
-    return cache_dir(environ) / "tuned" / f"{slug}.json"
+    return base / "tuned" / f"{slug}.json"
 
 
 def new_doc(identity: dict, model: dict, mode: str) -> dict:

@@ -8,12 +8,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kernels.tuning.tuned_file import cache_dir as tuned_cache_dir
+
 from .common import BuildError, last_line, log, sha256_file
 from .series import Pins
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VLLM_DCU_CACHE", Path.home() / ".cache" / "vllm-dcu"))
+    """VLLM_DCU_CACHE, default ~/.cache/vllm-dcu: the project's one cache folder (kernels/tuning/tuned_file.py)."""
+    return tuned_cache_dir()
 
 
 def _cached(target: Path, sha256: str, pins: Pins) -> bool:
