@@ -165,16 +165,34 @@ def check_kv_write(num_heads_kv: int, head_size: int, dtype: torch.dtype, cache_
     return decisions.check_at_start(path_name("kv_write", kv_quant), check)
 
 
-def check_prefill(run_and_reference, dtype: torch.dtype, kv_quant: str | None, attention: dict) -> bool:
-    """Decide and check prefill.<kind>: ``run_and_reference()`` runs the kernel on its warm-up batch and returns
-    (output, float32 reference) (vllm.dcu.prefill_attention.warmup builds both); whether our kernel runs."""
-    decisions = _kernels()[-1]
+def check_prefill(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dtype, kv_quant: str | None,
+                  block_size: int, device, mirror: int | None = None) -> bool:
+    """Decide and check prefill.<kind> (vllm.dcu.prefill_attention.warmup calls it: the check is also the compile
+    for the engine's layout); whether our prefill kernel runs. The batch: a 67-token chunk after a history that
+    spills into a second page (with an 8-bit cache, through the engine's 16-bit ``mirror``) and a decode row (the
+    8-bit caches' direct path), against the float32 reference."""
+    _, prefill_attention, _, _, _, reference, decisions = _kernels()
+    device = torch.device(device)
 
     def check():
-        out, want = run_and_reference()
+        # the chunk's history crosses a page at every block size (at 16 tokens a history of block_size + 37 - 67 would
+        # be negative: a chunk longer than its sequence)
+        chunks = [67, 1]
+        lens = [max(block_size, chunks[0]) + 37, 5]
+        case = paged_case(lens, block_size, num_heads_kv, head_size, dtype, kv_quant, device)
+        scales = {k: case[k] for k in ("k_scales", "v_scales") if k in case}
+        cu = torch.tensor([0, chunks[0], sum(chunks)], dtype=torch.int32, device=device)
+        g = torch.Generator(device="cpu").manual_seed(3)
+        q = torch.randn(sum(chunks), num_heads_q, head_size, generator=g).to(dtype).to(device)
+        out = torch.empty_like(q)
+        args = (q, case["k_cache"], case["v_cache"])
+        pages = (case["seq_lens"], case["block_table"], head_size**-0.5)
+        prefill_attention(*args, out, cu, *pages, kv_quant=kv_quant, max_seqlen_k=max(lens), mirror=mirror, **scales)
+        want = reference(*args, cu, *pages, kv_quant=kv_quant, dtype=torch.float32, **scales)
         compare(out, want, PREFILL_TOL[dtype], "warm-up batch")
 
-    return decisions.check_at_start(path_name("prefill", kv_quant), check, attention)
+    return decisions.check_at_start(path_name("prefill", kv_quant), check,
+                                    attention_shape(num_heads_q, num_heads_kv, head_size))
 
 
 def log_decisions(logger=None) -> bool:

@@ -30,6 +30,8 @@ import time
 
 import torch
 
+from . import kernel_checks
+
 ENV_VAR = "VLLM_DCU_PREFILL_ATTN"
 MAX_HEAD_SIZE = 256
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -234,7 +236,7 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     device = torch.device(device)
     if not enabled() or device.type != "cuda" or dtype not in _DTYPES or head_size > MAX_HEAD_SIZE:
         return None
-    prefill_attention, max_group, layout = _kernels()
+    _, max_group, layout = _kernels()
     kv_quant = layout.kv_quant_kind(cache_dtype)
     if kv_quant is None and cache_dtype not in ("auto", "bfloat16", "float16"):
         return None
@@ -249,49 +251,10 @@ def warmup(num_heads_q: int, num_heads_kv: int, head_size: int, dtype: torch.dty
     if key in _WARM:
         return 0.0
     t0 = time.perf_counter()
-    # a chunk after a history that spills into a second page (long enough to fill the 8-bit caches' mirror; every
-    # 8-bit batch launches the same mirror and attention kernels, so the lengths only need to be valid),
-    # and a decode row (the 8-bit caches' direct path)
-    lens, chunks = [block_size + 37, 5], [67, 1]
-    num_blocks = sum(-(-n // block_size) for n in lens) + 1
-    table = torch.zeros(len(lens), num_blocks, dtype=torch.int32, device=device)
-    used = 0
-    for s, n in enumerate(lens):
-        pages = -(-n // block_size)
-        table[s, :pages] = torch.arange(used, used + pages, dtype=torch.int32, device=device)
-        used += pages
-    cu = torch.tensor([0, chunks[0], chunks[0] + chunks[1]], dtype=torch.int32, device=device)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
-    q = torch.randn(sum(chunks), num_heads_q, head_size, device=device).to(dtype)
-    out = torch.empty_like(q)
-    if kv_quant is None:
-        kv = torch.randn(num_blocks, 2, block_size, num_heads_kv, head_size, device=device).to(dtype)
-        k, v = kv.unbind(1)
-        scales = {}
-    else:
-        raw = torch.randint(0, 120, layout.kv_cache_shape(num_blocks, block_size, num_heads_kv, head_size),
-                            dtype=torch.uint8, device=device)
-        k, v, ks, vs = layout.split_kv_cache(raw, head_size, kv_quant)
-        ks.fill_(0.01)
-        vs.fill_(0.01)
-        scales = dict(k_scales=ks, v_scales=vs)
-    from . import kernel_checks
-    from .kernel_checks import _kernels as _checked_kernels
-
-    paged_prefill_reference = _checked_kernels()[5]
-
-
-    def run_and_reference():
-        prefill_attention(q, k, v, out, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant,
-                          max_seqlen_k=max(lens), mirror=mirror, **scales)
-        want = paged_prefill_reference(q, k, v, cu, seq_lens, table, head_size**-0.5, kv_quant=kv_quant,
-                                       dtype=torch.float32, **scales)
-        return out, want
-
     # the device decides (issue #43): compiled and compared here, before the engine serves; a failure hands this
     # launch kind to upstream's unified attention with one warning line
-    ours = kernel_checks.check_prefill(run_and_reference, dtype, kv_quant,
-                                       kernel_checks.attention_shape(num_heads_q, num_heads_kv, head_size))
+    ours = kernel_checks.check_prefill(num_heads_q, num_heads_kv, head_size, dtype, kv_quant, block_size, device,
+                                       mirror)
     kernel_checks.check_kv_write(num_heads_kv, head_size, dtype, cache_dtype, block_size, device)
     torch.cuda.synchronize(device)
     _WARM.add(key)

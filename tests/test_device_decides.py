@@ -380,3 +380,25 @@ def test_every_sweep_candidate_of_the_tables_is_a_valid_override(target):
             for label, cfg in candidates.gemv_candidates(config, bucket):
                 gemv_params.check_config(dict(cfg), f"{target} {table} {bucket}: {label}", rocm=rocm, rows=bucket,
                                          silu_mul=table == "silu_rows")
+
+
+@pytest.mark.parametrize("cache_dtype,mirror", [("auto", None), ("int8_per_token_head", 0)])
+def test_prefill_check_passes_on_our_kernel_and_catches_a_wrong_one(tuned, monkeypatch, caplog, cache_dtype, mirror):
+    """The prefill warm-up's check (dcu/prefill_attention.warmup calls it on the GPU): a chunk over a page boundary and
+    a decode row against the float32 reference; mirror 0: an 8-bit cache read directly."""
+    kv_quant = kernel_checks._kv_quant_of(cache_dtype)
+    args = (4, 2, 32, torch.float16, kv_quant, 16, "cpu", mirror)
+    assert kernel_checks.check_prefill(*args) is True
+    assert decisions.decide(kernel_checks.path_name("prefill", kv_quant)).checked
+    decisions.reset()
+    real = kernel_checks._kernels()
+
+    def shifted(q, k, v, out, *a, **kw):
+        real[1](q, k, v, out, *a, **kw)
+        out[-1] += 1.0  # the decode row off by one
+
+    monkeypatch.setattr(kernel_checks, "_kernels", lambda: (real[0], shifted, *real[2:]))
+    with caplog.at_level(logging.WARNING, logger="vllm.dcu.tuning"):
+        assert kernel_checks.check_prefill(*args) is False
+    (line,) = warnings_of(caplog)
+    assert "our kernel differs from upstream: warm-up batch: max abs error" in line
