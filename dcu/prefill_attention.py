@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from . import _kernels as _kernels_mod
 from . import kernel_checks
 
 ENV_VAR = "VLLM_DCU_PREFILL_ATTN"
@@ -56,10 +57,9 @@ def _kernels():
 
 
 def _runs_ours(kv_quant) -> bool:
-    """The device's decision for this launch kind (issue #43: taken at start by ``warmup``'s check)."""
-    from ._kernels import runs_ours
-
-    return runs_ours(_PATHS[kv_quant])
+    """The device's decision for this launch kind (issue #43: taken at start by ``warmup``'s check); a dict lookup
+    per launch."""
+    return _kernels_mod.runs_ours(_PATHS[kv_quant])
 
 
 _PATHS = {None: "prefill.bf16", "int8": "prefill.int8", "fp8": "prefill.fp8"}

@@ -19,7 +19,10 @@ import triton
 import triton.language as tl
 
 from ..fp8_e4m3 import f32_to_e4m3_bits, use_software_fp8
+from ..tuning.decisions import runs_ours
 from .layout import QMAX
+
+_WRITE_PATHS = {"int8": "kv_write.int8", "fp8": "kv_write.fp8"}  # the decisions' launch kinds (tuned_file.PATHS)
 
 # launch parameters per target; both kernels are memory bound.
 # elems_per_program / num_warps: the per-token kernel (V by token); small programs keep many in flight.
@@ -368,8 +371,7 @@ def reshape_and_cache_routed(key, value, k_codes, v_codes, k_scales, v_scales, s
                              software_fp8=None) -> None:
     """The engine's cache write (patch 0002 imports it as ``kv_quant.reshape_and_cache_per_token_head``): the Triton
     kernel, or the torch write where the device's decision for ``kv_write.<kind>`` is upstream's (VLLM_DCU_KV_WRITE=0,
-    the tuned file, or a failed startup check)."""
-    from ..tuning.decisions import runs_ours
-
-    write = reshape_and_cache_per_token_head if runs_ours(f"kv_write.{kv_quant}") else reshape_and_cache_torch
+    the tuned file, or a failed startup check). Per call: a dict lookup (it runs for every attention layer)."""
+    path = _WRITE_PATHS.get(kv_quant)  # another kind: the kernel's own check names the error
+    write = reshape_and_cache_per_token_head if path is None or runs_ours(path) else reshape_and_cache_torch
     write(key, value, k_codes, v_codes, k_scales, v_scales, slot_mapping, kv_quant, software_fp8)
