@@ -68,14 +68,14 @@ ROCm option that a Triton build does not accept. kernels/decode_attention/bench.
 prints an entry for the device it runs on.
 """
 
-from ..targets import cached_entry, parse_override_object, target_for
+from ..targets import ROCM_ONLY_OPTIONS, cached_entry, parse_override_object, target_for
 
 ENV_VAR = "VLLM_DCU_DECODE_PARAMS"
 
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_tokens")
 _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "early_convert",
                 "page_loop", "split_round", "int8_qk", "q_early", "even_splits", "balance")
-_ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
+_ROCM_ONLY = ROCM_ONLY_OPTIONS
 _WIDTH_SPLIT_KEYS = ("programs_per_cu", "min_split_tokens")  # split keys a kv16 / kv8 entry may set for its own plan
 # launch keys that take one of a few values: (allowed, how the error names them)
 _CHOICES = {"early_convert": ((0, 1, 2), "0, 1 or 2"), "int8_qk": ((0, 1), "0 or 1"), "page_loop": ((0, 1), "0 or 1"),

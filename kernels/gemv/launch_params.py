@@ -34,7 +34,7 @@ override re-measures.
 """
 import json
 
-from ..targets import cached_entry, parse_override_object, target_for
+from ..targets import ROCM_ONLY_OPTIONS, cached_entry, parse_override_object, target_for
 
 ENV_VAR = "VLLM_DCU_GEMV_PARAMS"
 MAX_ROWS = 8
@@ -55,7 +55,7 @@ ROW_BUCKETS = (1, 2, 4, 8)
 _SPLIT_KEYS = ("programs_per_cu", "max_splits", "min_split_k")
 _LAUNCH_KEYS = ("DOT", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K", "K_STAGES", "waves_per_eu",
                 "matrix_instr_nonkdim")
-_ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
+_ROCM_ONLY = ROCM_ONLY_OPTIONS
 _REQUIRED = ("DOT", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 # FMA path: fp32 accumulator elements per lane (BLOCK_M x BLOCK_N x BLOCK_K / lanes); above this the
 # accumulator no longer fits in registers next to the loaded tiles

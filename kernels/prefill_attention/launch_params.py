@@ -16,11 +16,11 @@ not accept). Read once per target and override text; a bad value fails at startu
 ``python -m kernels.prefill_attention.bench`` sweeps them on the device it runs on and prints an entry.
 """
 
-from ..targets import cached_entry, parse_override_object, target_for
+from ..targets import ROCM_ONLY_OPTIONS, cached_entry, parse_override_object, target_for
 
 ENV_VAR = "VLLM_DCU_PREFILL_PARAMS"
 _LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim")
-_ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
+_ROCM_ONLY = ROCM_ONLY_OPTIONS
 _POW2 = {"BLOCK_M": (16, 256), "BLOCK_N": (16, 256), "num_warps": (1, 16)}
 
 # DCU (gfx928 / gfx936): wave64, 64 KiB LDS per CU, no fp8 hardware. Chosen on paper:

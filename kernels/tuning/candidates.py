@@ -8,7 +8,7 @@ check_config's call, not this module's. Pure Python: shipped with the kernels (t
 """
 from __future__ import annotations
 
-ROCM_ONLY = ("waves_per_eu", "matrix_instr_nonkdim")
+from ..targets import ROCM_ONLY_OPTIONS as ROCM_ONLY  # the launch tables' one list
 
 
 def _pow2_steps(value: int, lo: int, hi: int) -> list:
