@@ -791,6 +791,15 @@ def test_bench_dry_run_writes_json_markdown_and_png(tmp_path, monkeypatch):
     assert "| int8_pth | 2 | 100 |" in md
 
 
+def test_bench_merge_splits_sets_the_kernel_modules_stage2_constant(tmp_path, monkeypatch):
+    # the bench once set it on the package's export of the same name (the function), so the flag did nothing
+    module = importlib.import_module("kernels.decode_attention.decode_attention")  # not the package's export
+    monkeypatch.setattr(module, "_MERGE_SPLITS", module._MERGE_SPLITS)  # undone after the test
+    report, _ = bench_dry_run(tmp_path, monkeypatch, "--quick", "--merge-splits", "32", "--batches", "1", "--ctxs", "40",
+                              "--kv8-dtypes", "int8_pth")
+    assert module._MERGE_SPLITS == 32 and "--merge-splits 32" in report["meta"]["command"]
+
+
 def test_bench_times_graphs_of_calls_shape_by_shape_with_v_by_dim_rows(tmp_path, monkeypatch):
     report, md = bench_dry_run(tmp_path, monkeypatch, "--quick", "--calls-per-graph", "2", "--v-layouts", "token,dim",
                                "--batches", "1,2", "--ctxs", "40")

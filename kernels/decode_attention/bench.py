@@ -35,6 +35,7 @@ sure it is an unpatched 0.18.1); without either the baseline columns stay empty.
 Writes <date>-<device>-decode-attention[-<tag>].{json,md,png} into --out (default $OUT or bench/results/)
 and prints the markdown table last.
 """
+import importlib
 import itertools
 import json
 import math
@@ -51,12 +52,15 @@ from ..gemv.dispatch import time_on_device
 from ..kv_quant.layout import QWEN35_27B_PAGE_TOKENS, V_BY_DIM, kv_cache_shape, split_kv_cache
 from ..tuning.suggest import suggestion
 from . import bench_sweep, launch_params
-from . import decode_attention as decode_attention_module
 from .bench_args import parse_args
 from .bench_report import (DTYPES, cost_fit, cost_markdown, load_rows, markdown, plot,  # noqa: F401 - the report's
                            splits_label, summary_markdown)
 from .bench_sweep import kv8_entry, launch_grid  # noqa: F401 - kv8_entry: the suggestion's rule, tested here
 from .decode_attention import decode_attention, workspace_numel
+
+# The module, not the package's export of the same name (``from . import decode_attention`` gives the function):
+# --merge-splits sets its stage-2 constant.
+decode_attention_module = importlib.import_module(f"{__package__}.decode_attention")
 
 HQ, HKV, D = 24, 4, 256
 BATCHES = (1, 4, 16, 64)
