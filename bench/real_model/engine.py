@@ -38,14 +38,17 @@ TOPK = 20
 MAX_LEN = 8192
 
 
-def engine_llm(hf_dir: str, backend: str, kv: str):
+def engine_llm(hf_dir: str, backend: str, kv: str, kv_cache_gib: float | None = None):
+    """The engine of one (backend, KV dtype). kv_cache_gib: a fixed KV cache size instead of vLLM's profiled share
+    of 30% of the GPU, so that two engines can share one GPU (profiling would count the other's memory as its own)."""
     from vllm import LLM
 
     from ci.gpu import harness
 
+    fixed = {} if kv_cache_gib is None else dict(kv_cache_memory_bytes=int(kv_cache_gib * 2**30))
     kw = harness.engine_kwargs(eager=True, attention_backend=backend, kv_cache_dtype=kv, max_model_len=MAX_LEN,
                                max_num_seqs=32, max_num_batched_tokens=4096, gpu_memory_utilization=0.3,
-                               enable_prefix_caching=False, max_logprobs=TOPK, seed=0)
+                               enable_prefix_caching=False, max_logprobs=TOPK, seed=0, **fixed)
     return LLM(model=hf_dir, **kw)
 
 
@@ -59,7 +62,7 @@ def worker(cfg: dict) -> None:
     tok = AutoTokenizer.from_pretrained(cfg["hf_dir"])
     ids = tasks.tokenize(tok, fetch.read_text())
     t0 = time.time()
-    llm = engine_llm(cfg["hf_dir"], cfg["backend"], cfg["kv"])
+    llm = engine_llm(cfg["hf_dir"], cfg["backend"], cfg["kv"], cfg.get("kv_cache_gib"))
     meta = dict(cfg, start_s=round(time.time() - t0, 1))
 
     def gen(prompts, sp):
@@ -181,8 +184,14 @@ def main(argv) -> int:
                     help="drop a task (retrieval / aggregation) for the 8-bit dtypes when bf16's best exact match "
                          "over the contexts is below this")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
+    ap.add_argument("--kv-cache-gib", type=float, default=None,
+                    help="a fixed KV cache size per engine (vLLM's kv_cache_memory_bytes) instead of 30%% of the GPU "
+                         "profiled: lets two engine runs share one GPU")
     ap.add_argument("--deadline-s", type=float, default=570.0)
     args = ap.parse_args(argv)
+    if args.kv_cache_gib is not None and not args.kv_cache_gib > 0:
+        print(f"real_model engine: error: --kv-cache-gib must be positive, got {args.kv_cache_gib}", file=sys.stderr)
+        return 2
     t_end = time.time() + args.deadline_s
     work = Path(os.environ.get("BENCH_WORK") or Path(args.out) / "raw-real-model")
     hf = args.hf_dir or str(work / "hf")
@@ -200,7 +209,8 @@ def main(argv) -> int:
                 continue
             cfg = dict(name=name, backend=backend, kv=kv, hf_dir=hf, out_dir=str(work / name), skip=skip,
                        contexts=args.contexts, windows=args.windows, prompts=args.prompts, new_tokens=args.new_tokens,
-                       retrieval_contexts=args.retrieval_contexts, retrieval_n=args.retrieval_n)
+                       retrieval_contexts=args.retrieval_contexts, retrieval_n=args.retrieval_n,
+                       kv_cache_gib=args.kv_cache_gib)
             cmd = [sys.executable, "-m", "bench.real_model", "engine", "worker", json.dumps(cfg)]
             try:
                 rc = subprocess.run(cmd, cwd=REPO, timeout=max(t_end - time.time(), 1)).returncode
