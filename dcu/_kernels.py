@@ -48,10 +48,9 @@ NAMES = {
     "silu_and_mul": ("gemv", "silu_and_mul"),
     "decisions": ("tuning.decisions", None),
     "runs_ours": ("tuning.decisions", "runs_ours"),
+    "one_line": ("tuning.decisions", "one_line"),
     "tuned_file": ("tuning.tuned_file", None),
     "candidates": ("tuning.candidates", None),
-    "ROCM_ONLY": ("tuning.candidates", "ROCM_ONLY"),
-    "diff": ("tuning.candidates", "diff"),
     "merge": ("tuning.candidates", "merge"),
 }
 
@@ -73,8 +72,8 @@ if TYPE_CHECKING:  # the checkout's names, for editors and static readers (runti
     from kernels.prefill_attention.reference import paged_prefill_reference
     from kernels.targets import emulated_arch
     from kernels.tuning import candidates, decisions, tuned_file
-    from kernels.tuning.candidates import ROCM_ONLY, diff, merge
-    from kernels.tuning.decisions import runs_ours
+    from kernels.tuning.candidates import merge
+    from kernels.tuning.decisions import one_line, runs_ours
 
 
 def __getattr__(name: str):

@@ -50,17 +50,19 @@ def path_name(family: str, kv_quant: str | None) -> str:
     return f"{family}.{kv_quant or 'bf16'}"
 
 
-def compare(out: torch.Tensor, want: torch.Tensor, tol: tuple[float, float], what: str) -> None:
-    """MismatchError naming the errors when ``out`` is not finite or is beyond (max abs, relative) ``tol``."""
+def compare(out: torch.Tensor, want: torch.Tensor, tol: tuple[float, float], what: str) -> dict:
+    """{"max_abs", "rel"} of ``out`` against ``want``; MismatchError naming them when ``out`` is not finite or is
+    beyond (max abs, relative) ``tol``. The startup checks' comparison and the tuning command's."""
     decisions = _kernels()[-1]
     if not torch.isfinite(out).all():
         raise decisions.MismatchError(f"{what}: non-finite output")
-    err = out.float() - want.float()
-    max_abs = err.abs().max().item()
-    rel = (err.norm() / want.float().norm().clamp_min(1e-30)).item()
+    err = out.double() - want.double()
+    max_abs = err.abs().max().item() if err.numel() else 0.0
+    rel = (err.norm() / want.double().norm().clamp_min(1e-30)).item()
     if not (max_abs < tol[0] and rel < tol[1]):
         raise decisions.MismatchError(f"{what}: max abs error {max_abs:.3g}, relative {rel:.3g} (limits {tol[0]:g}, "
                                       f"{tol[1]:g})")
+    return {"max_abs": round(max_abs, 6), "rel": round(rel, 6)}
 
 
 def paged_case(lens: list[int], block_size: int, num_heads_kv: int, head_size: int, dtype: torch.dtype,

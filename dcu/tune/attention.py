@@ -3,7 +3,6 @@ the engine's pages, one launch kind per cache kind (bf16, int8, fp8 per-token-he
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 
 import torch
@@ -11,7 +10,7 @@ import torch
 from .._kernels import (candidates, decode_attention, decode_params, kv_cache_shape, prefill_attention, prefill_params,
                        split_kv_cache, use_software_fp8)
 
-from .common import DECODE_TOL, PREFILL_TOL, base_override, ctx_label, rocm_options
+from .common import DECODE_TOL, PREFILL_TOL, ctx_label, rocm_options
 from .sweep import Case, Family, run_family
 
 KINDS = ("bf16", "int8", "fp8")
@@ -43,11 +42,6 @@ def upstream_unified_attention():
                 tu.triton, tu.tl = saved
         _UA["fn"] = getattr(mod.unified_attention, "dcu_upstream", mod.unified_attention)
     return _UA["fn"]
-
-
-def _text(override: dict) -> str:
-    """An override as the text get_params takes ("" = the table's entry, whatever the environment says)."""
-    return json.dumps(override, sort_keys=True) if override else ""
 
 
 def _software(kind):
@@ -142,20 +136,18 @@ def prefill_case(shapes, kind, history, chunk, dev, mirror=None, seed=0) -> Case
 
 def decode_family(shapes, cases, dev) -> Family:
     target = decode_params.current_target(dev)
-    base = base_override(target)
     rocm = rocm_options(target)
     built = {f"decode.{kind}": {"main": [decode_case(shapes, kind, b, c, dev, seed=i)
                                          for i, (b, c) in enumerate(cases.decode)]} for kind in KINDS}
     return Family(
         name="decode", env_var=decode_params.ENV_VAR,
-        validate=lambda text: decode_params.get_params(target, override=text), base=base, cases=built,
+        validate=lambda text: decode_params.get_params(target, override=text), cases=built,
         widths={"kv16": (["decode.bf16"], "main"), "kv8": (["decode.int8", "decode.fp8"], "main")},
-        candidates=lambda w: candidates.decode_candidates(decode_params.get_params(target, _text(base)), w, rocm))
+        candidates=lambda w: candidates.decode_candidates(decode_params.get_params(target, ""), w, rocm))
 
 
 def prefill_family(shapes, cases, dev) -> Family:
     target = prefill_params.current_target(dev)
-    base = base_override(target)
     rocm = rocm_options(target)
     built = {}
     for kind in KINDS:
@@ -166,10 +158,10 @@ def prefill_family(shapes, cases, dev) -> Family:
     # mirror (short chunks, decode rows). kv8 (the direct launch with the mirror off) is not swept.
     return Family(
         name="prefill", env_var=prefill_params.ENV_VAR,
-        validate=lambda text: prefill_params.get_params(target, override=text), base=base, cases=built,
+        validate=lambda text: prefill_params.get_params(target, override=text), cases=built,
         widths={"kv16": (["prefill.bf16", "prefill.int8", "prefill.fp8"], "main"),
                 "kv8_short": (["prefill.int8", "prefill.fp8"], "short")},
-        candidates=lambda w: candidates.prefill_candidates(prefill_params.get_params(target, _text(base)), w, rocm))
+        candidates=lambda w: candidates.prefill_candidates(prefill_params.get_params(target, ""), w, rocm))
 
 
 def run(kind: str, shapes, cases, dev, full: bool, rows: list, log):

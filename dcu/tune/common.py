@@ -11,12 +11,12 @@ import time
 
 import torch
 
-from .._kernels import ROCM_ONLY
+from .. import kernel_checks
+from .._kernels import decisions, one_line
 
-# the kernel tests' limits (tests/test_decode_attention.py, tests/test_prefill_attention.py: bf16 outputs): max
-# absolute error, relative error norm
-DECODE_TOL = (4e-2, 1e-2)
-PREFILL_TOL = (4e-2, 1.2e-2)
+# the startup checks' limits (the kernel tests', bf16 outputs): max absolute error, relative error norm
+DECODE_TOL = kernel_checks.DECODE_TOL[torch.bfloat16]
+PREFILL_TOL = kernel_checks.PREFILL_TOL[torch.bfloat16]
 GEMV_MAX_REL = 2e-2  # kernels/gemv/dispatch.device_measure: the GEMV against the platform GEMM
 
 
@@ -27,11 +27,6 @@ class Failed(Exception):
     def __init__(self, why: str):
         super().__init__(why)
         self.why = why
-
-
-def one_line(e: BaseException, limit: int = 160) -> str:
-    text = " ".join(str(e).split()) or "(no message)"
-    return f"{type(e).__name__}: {text}"[:limit]
 
 
 def run_ours(fn):
@@ -46,16 +41,12 @@ def run_ours(fn):
 
 
 def compare(got: torch.Tensor, want: torch.Tensor, tol: tuple, where: str) -> dict:
-    """max abs and relative error of ``got`` against ``want``; Failed("differs from upstream: ...") beyond ``tol``
-    (max abs, relative) or when not finite."""
-    g, w = got.double(), want.double()
-    diff = (g - w).abs()
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    rel = float((g - w).norm() / w.norm().clamp_min(1e-30))
-    if not (math.isfinite(max_abs) and math.isfinite(rel) and max_abs < tol[0] and rel < tol[1]):
-        raise Failed(f"differs from upstream: max abs {max_abs:.3g}, relative {rel:.3g} (limits {tol[0]:g} / "
-                     f"{tol[1]:g}) at {where}")
-    return {"max_abs": round(max_abs, 6), "rel": round(rel, 6)}
+    """The startup check's comparison (dcu/kernel_checks.compare: {"max_abs", "rel"}), a mismatch raised as
+    Failed("differs from upstream: <where>: ...")."""
+    try:
+        return kernel_checks.compare(got, want, tol, where)
+    except decisions.MismatchError as e:
+        raise Failed(f"differs from upstream: {e}") from e
 
 
 def device() -> torch.device:
@@ -70,15 +61,6 @@ def compile_backend() -> str:
     import triton
 
     return triton.runtime.driver.active.get_current_target().backend
-
-
-def base_override(target: str) -> dict:
-    """What a launch override must carry whatever is chosen: a DCU table on a GPU whose compiler is not ROCm's
-    (the rehearsal) drops the ROCm-only options, which CUDA's Triton refuses as unknown keywords."""
-    if target.startswith("gfx") or target == "rocm":
-        if compile_backend() == "cuda":
-            return {k: None for k in ROCM_ONLY}
-    return {}
 
 
 def rocm_options(target: str) -> bool:

@@ -8,10 +8,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .._kernels import candidates, gemv, gemv_params, silu_and_mul
+from .._kernels import candidates, gemv, gemv_params, one_line, silu_and_mul
 from .._kernels import gemv_dispatch as dispatch
 
-from .common import GEMV_MAX_REL, Failed, base_override, one_line, run_ours, sweep_over, time_us
+from .common import GEMV_MAX_REL, Failed, run_ours, sweep_over, time_us
 
 BETTER = 0.97  # a candidate replaces the table's launch when it takes less than this share of its time (bench.py)
 
@@ -74,9 +74,8 @@ class Shape:
 def run(shapes, dev, full: bool, rows: list, log):
     """(doc["gemv"] entries, the launch override for the tuned file, number of (shape, bucket) pairs on the GEMV)."""
     target = gemv_params.current_target(dev)
-    base = base_override(target)
     rocm = target.startswith("gfx") or target == "rocm"
-    entry = gemv_params.get_params(target, json.dumps(base, sort_keys=True) if base else "")
+    entry = gemv_params.get_params(target, "")  # the table's entry (the rehearsal's without ROCm-only options)
     table, shape_ov = {}, {}
     for name, n, k, silu in shapes.gemms:
         op = Shape(name, n, k, silu, dev)
@@ -132,7 +131,7 @@ def run(shapes, dev, full: bool, rows: list, log):
                 log(f"  gemv {op.key.id} rows {b}: {why}; platform GEMM")
         table[op.key.id] = per_bucket
         del op
-    override = candidates.merge(base, {"shapes": shape_ov} if shape_ov else {})
+    override = {"shapes": shape_ov} if shape_ov else {}
     if override:
         gemv_params.get_params(target, json.dumps(override, sort_keys=True))  # the table's own validation
     return table, override

@@ -6,9 +6,9 @@ import dataclasses
 import json
 from typing import Callable
 
-from .._kernels import diff, merge
+from .._kernels import merge, one_line
 
-from .common import Failed, Side, compare, env, geomean, one_line, run_ours, sweep_over, time_us
+from .common import Failed, Side, compare, env, geomean, run_ours, sweep_over, time_us
 
 
 BETTER = 0.97  # a candidate replaces the table's entry when it takes less than this share of its time
@@ -47,7 +47,6 @@ class Family:
     name: str  # "decode" / "prefill": the tuned file's launch family
     env_var: str
     validate: Callable  # override text -> raises ValueError when the family's get_params refuses it
-    base: dict  # carried by every override (the rehearsal's dropped ROCm options)
     cases: dict  # launch kind path ("decode.bf16", ...) -> {"main": [Case], "short": [Case]}
     widths: dict  # width -> (launch kind paths, which case list)
     candidates: Callable  # width -> [(label, override)]
@@ -68,7 +67,7 @@ def sweep_width(family: Family, width: str, full: bool, rows: list, log) -> dict
     cands = [("table", {})] + (family.candidates(width) if full else [])
     scored = []
     for label, cand in cands:
-        override = merge(family.base, cand)
+        override = cand
         bad = _validate(family, override)
         row = {"phase": family.name, "sweep": width, "candidate": label, "override": cand}
         if not bad and label != "table" and sweep_over():
@@ -111,7 +110,7 @@ def final_sides(family: Family, override: dict, rows: list) -> list:
         for path, lists in family.cases.items():
             cases = lists["main"] + lists.get("short", [])
             side = Side(path, [c.label for c in cases], ours_us=[], upstream_us=[],
-                        launch="chosen" if diff(family.base, override) else "table")
+                        launch="chosen" if override else "table")
             for case in cases:
                 try:
                     side.errors.append(case.check())
@@ -132,8 +131,9 @@ def final_sides(family: Family, override: dict, rows: list) -> list:
 
 
 def run_family(family: Family, full: bool, rows: list, log) -> tuple[list, dict]:
-    """(sides, the family's launch override for the tuned file: base + each width's chosen keys, {} when that is
-    the table's entry and nothing is dropped)."""
+    """(sides, the family's launch override for the tuned file: each width's chosen keys, {} when that is the table's
+    entry). The DCU rehearsal's entries need no dropped ROCm-only options here: the launch tables drop them
+    (kernels/targets.cached_entry)."""
     chosen = [sweep_width(family, w, full, rows, log) for w in family.widths] if full else []
-    override = merge(family.base, *chosen)
+    override = merge(*chosen)
     return final_sides(family, override, rows), override

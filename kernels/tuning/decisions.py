@@ -131,9 +131,10 @@ def runs_ours(path: str) -> bool:
     return (d if d is not None else decide(path)).runs == "ours"
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException, limit: int = 200) -> str:
+    """An exception as one line: its type and its message's first ``limit`` characters, white space folded."""
     text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+    return f"{type(e).__name__}: {text[:limit]}" if text else type(e).__name__
 
 
 def check_at_start(path: str, check: Callable[[], None], attention: dict | None = None,
@@ -148,7 +149,7 @@ def check_at_start(path: str, check: Callable[[], None], attention: dict | None 
     try:
         check()
     except Exception as e:  # noqa: BLE001 - any failure of our kernel: fall back
-        what = f"differs from upstream: {e}" if isinstance(e, MismatchError) else f"failed to compile or run: {_one_line(e)}"
+        what = f"differs from upstream: {e}" if isinstance(e, MismatchError) else f"failed to compile or run: {one_line(e)}"
         var = ENV_BY_FAMILY[path.split(".")[0]]
         if d.forced:
             raise RuntimeError(f"vllm-dcu: {path} {what}; it was forced with {var}=1 (unset it to fall back to "
