@@ -371,7 +371,7 @@ def test_every_sweep_candidate_of_the_tables_is_a_valid_override(target):
                              (prefill_params, candidates.prefill_candidates, ("kv16", "kv8", "kv8_short"))):
         for width in widths:
             cands = make(lp.PARAMS[target], width, rocm)
-            assert 3 <= len(cands) <= 10
+            assert 3 <= len(cands) <= 12
             for label, override in cands:
                 lp.get_params(target, override=json.dumps(override))  # raises naming the key if refused
     for bucket in gemv_params.ROW_BUCKETS:
@@ -380,6 +380,26 @@ def test_every_sweep_candidate_of_the_tables_is_a_valid_override(target):
             for label, cfg in candidates.gemv_candidates(config, bucket):
                 gemv_params.check_config(dict(cfg), f"{target} {table} {bucket}: {label}", rocm=rocm, rows=bucket,
                                          silu_mul=table == "silu_rows")
+
+
+def test_the_dcu_kv8_sweep_tries_what_sm90s_measured_entry_turned_on():
+    """The DCU's 8-bit Triton entry was chosen on paper without the options sm90's sweeps found (pages in an outer
+    loop, even splits, int8 x int8 QK^T, splits rounded down): its --full sweep tries each alone and all together;
+    sm90's entry, which has them, gets none of these."""
+    from kernels.tuning import candidates
+
+    def labels(target):
+        return {label: ov for label, ov in candidates.decode_candidates(decode_params.PARAMS[target], "kv8", True)}
+
+    dcu = labels("gfx936")
+    for key, value in candidates.KV8_MEASURED_OPTIONS.items():
+        assert decode_params.PARAMS["gfx936"]["kv8"].get(key) != value
+        assert dcu[f"{key} {value}"] == {"kv8": {key: value}}
+    assert dcu["sm90's kv8 options"] == {"kv8": candidates.KV8_MEASURED_OPTIONS}
+    assert {k: decode_params.PARAMS["sm90"]["kv8"][k] for k in candidates.KV8_MEASURED_OPTIONS} == \
+        candidates.KV8_MEASURED_OPTIONS
+    assert not any(label.split()[0] in candidates.KV8_MEASURED_OPTIONS or label.startswith("sm90")
+                   for label in labels("sm90"))
 
 
 @pytest.mark.parametrize("cache_dtype,mirror", [("auto", None), ("int8_per_token_head", 0)])

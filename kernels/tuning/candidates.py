@@ -2,13 +2,20 @@
 
 Each candidate is an override object in the format of its family's variable (VLLM_DCU_DECODE_PARAMS,
 VLLM_DCU_PREFILL_PARAMS; the GEMV's are per-bucket launch dicts, kernels/gemv/launch_params.py) that changes one
-knob of the entry: every one is a Triton compile, so the neighbourhood is small (decode: <= 8 per width, prefill:
+knob of the entry: every one is a Triton compile, so the neighbourhood is small (decode: <= 12 per width, prefill:
 <= 8 per width, GEMV: <= 5 per shape and row bucket). Whether a candidate is valid is the family's get_params /
 check_config's call, not this module's. Pure Python: shipped with the kernels (the benchmarks are not).
 """
 from __future__ import annotations
 
 from ..targets import ROCM_ONLY_OPTIONS as ROCM_ONLY  # the launch tables' one list
+
+
+# The 8-bit Triton launch's options that sm90's measured entry turns on (kernels/decode_attention/launch_params.py's
+# notes: pages in an outer loop 0.85x the time with the stages it allows, even splits 0.97x, int8 x int8 QK^T 0.95x for
+# int8, splits rounded down with them): an entry without them (the DCU's, chosen on paper) tries each alone and all
+# together, so a device's sweep can find what the H200's did. early_convert is left out (PTX conversions, CUDA only).
+KV8_MEASURED_OPTIONS = {"page_loop": 1, "even_splits": 1, "int8_qk": 1, "split_round": "down"}
 
 
 def _pow2_steps(value: int, lo: int, hi: int) -> list:
@@ -18,8 +25,8 @@ def _pow2_steps(value: int, lo: int, hi: int) -> list:
 def decode_candidates(entry: dict, width: str, rocm_options: bool) -> list:
     """(label, override) pairs around ``entry[width]`` (a decode launch_params entry, width "kv16" / "kv8"):
     BLOCK_N halved / doubled, the other num_warps of 4 / 8, num_stages -1 / +1, launch key balance flipped; kv8:
-    without its int8 options, without the Gluon stage 1 (the Triton kernel for every 8-bit call); on ROCm
-    waves_per_eu 1 / 2."""
+    without its int8 options, without the Gluon stage 1 (the Triton kernel for every 8-bit call), and, where the
+    Triton launch lacks them, KV8_MEASURED_OPTIONS one by one and together; on ROCm waves_per_eu 1 / 2."""
     launch = entry[width]
     out = []
     for bn in _pow2_steps(launch["BLOCK_N"], 16, 128):
@@ -36,6 +43,11 @@ def decode_candidates(entry: dict, width: str, rocm_options: bool) -> list:
         out.append(("no int8 options", {width: {"int8": None}}))
     if width == "kv8" and launch.get("gluon"):
         out.append(("no gluon", {width: {"gluon": None}}))
+    if width == "kv8":
+        missing = {k: v for k, v in KV8_MEASURED_OPTIONS.items() if launch.get(k) != v}
+        out += [(f"{k} {v}", {width: {k: v}}) for k, v in missing.items()]
+        if len(missing) > 1:
+            out.append(("sm90's kv8 options", {width: dict(missing)}))
     if rocm_options:
         we = 1 if launch.get("waves_per_eu", 0) == 2 else 2
         out.append((f"waves_per_eu {we}", {width: {"waves_per_eu": we}}))
