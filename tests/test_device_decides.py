@@ -382,10 +382,11 @@ def test_every_sweep_candidate_of_the_tables_is_a_valid_override(target):
                                          silu_mul=table == "silu_rows")
 
 
-def test_the_dcu_kv8_sweep_tries_what_sm90s_measured_entry_turned_on():
+def test_the_dcu_sweep_tries_what_sm90s_measured_entries_turned_on():
     """The DCU's 8-bit Triton entry was chosen on paper without the options sm90's sweeps found (pages in an outer
     loop, even splits, int8 x int8 QK^T, splits rounded down): its --full sweep tries each alone and all together;
     sm90's entry, which has them, gets none of these."""
+    from kernels.gemv import launch_params as gemv_params
     from kernels.tuning import candidates
 
     def labels(target):
@@ -400,6 +401,12 @@ def test_the_dcu_kv8_sweep_tries_what_sm90s_measured_entry_turned_on():
         candidates.KV8_MEASURED_OPTIONS
     assert not any(label.split()[0] in candidates.KV8_MEASURED_OPTIONS or label.startswith("sm90")
                    for label in labels("sm90"))
+    # the GEMV's: the other warp count everywhere; at two rows on the dot path, the FMA launch that beat it on sm90
+    two_rows = dict(candidates.gemv_candidates(gemv_params.PARAMS["gfx936"]["rows"]["2"], 2))
+    assert gemv_params.PARAMS["gfx936"]["rows"]["2"]["DOT"] == 1
+    assert two_rows["FMA, K_STAGES 4"]["DOT"] == 0 and two_rows["FMA, K_STAGES 4"]["K_STAGES"] == 4
+    one_row = dict(candidates.gemv_candidates(gemv_params.PARAMS["gfx936"]["rows"]["1"], 1))
+    assert {"8 warps", "4 warps"} & set(one_row) and not any(label.startswith("FMA") for label in one_row)
 
 
 @pytest.mark.parametrize("cache_dtype,mirror", [("auto", None), ("int8_per_token_head", 0)])

@@ -3,7 +3,7 @@
 Each candidate is an override object in the format of its family's variable (VLLM_DCU_DECODE_PARAMS,
 VLLM_DCU_PREFILL_PARAMS; the GEMV's are per-bucket launch dicts, kernels/gemv/launch_params.py) that changes one
 knob of the entry: every one is a Triton compile, so the neighbourhood is small (decode: <= 12 per width, prefill:
-<= 8 per width, GEMV: <= 5 per shape and row bucket). Whether a candidate is valid is the family's get_params /
+<= 8 per width, GEMV: <= 7 per shape and row bucket). Whether a candidate is valid is the family's get_params /
 check_config's call, not this module's. Pure Python: shipped with the kernels (the benchmarks are not).
 """
 from __future__ import annotations
@@ -74,18 +74,28 @@ def prefill_candidates(entry: dict, width: str, rocm_options: bool) -> list:
     return out
 
 
+# 2 rows on the FMA path with the K loop pipelined 4 deep: what beat the dot path (x padded to 16 rows) for four of
+# Qwen3.5-27B's shapes on the H200 (kernels/gemv/launch_params.py's sm90 shapes)
+FMA_TWO_ROWS = {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 256, "num_stages": 1, "K_STAGES": 4}
+
+
 def gemv_candidates(config: dict, bucket: int) -> list:
     """(label, launch dict) pairs around one row bucket's GEMV launch ``config`` (kernels/gemv/launch_params.py
-    format): BLOCK_N and BLOCK_K halved / doubled (BLOCK_N >= 16 on the dot path), and at one row the K loop
-    pipelined 3 deep or plain (K_STAGES 3 / 1). Candidates are complete launch dicts, checked by the caller."""
+    format): BLOCK_N and BLOCK_K halved / doubled (BLOCK_N >= 16 on the dot path), the other num_warps of 4 / 8, at
+    one row the K loop pipelined 3 deep or plain (K_STAGES 3 / 1), at two rows on the dot path FMA_TWO_ROWS.
+    Candidates are complete launch dicts, checked by the caller."""
     out = []
     min_bn = 16 if config["DOT"] else 1
     for key, lo, hi in (("BLOCK_N", min_bn, 128), ("BLOCK_K", 16, 1024)):
         for v in _pow2_steps(config[key], lo, hi):
             out.append((f"{key} {v}", {**config, key: v}))
+    warps = 8 if config["num_warps"] != 8 else 4
+    out.append((f"{warps} warps", {**config, "num_warps": warps}))
     if bucket == 1:  # an override cannot drop a key: K_STAGES 1 is the plain loop
         stages = 1 if config.get("K_STAGES", 1) > 1 else 3
         out.append((f"K_STAGES {stages}", {**config, "K_STAGES": stages}))
+    if bucket == 2 and config["DOT"]:
+        out.append(("FMA, K_STAGES 4", {**config, **FMA_TWO_ROWS}))
     return out
 
 
