@@ -4,8 +4,8 @@
 Measures this device and writes its tuned file (default: tuned_file.default_path of the device's identity, i.e.
 VLLM_DCU_TUNED_FILE or <cache>/tuned/<arch>-<device>.json). Phases, one progress line each: decode attention, prefill
 attention, the decode GEMV, the 8-bit KV write. --quick (default): the launch tables' entries only (compile, check
-against upstream, time beside it); --full: first a sweep of launch candidates around each entry (decode <= 8 per
-width, prefill <= 8 per width, GEMV <= 5 per shape and row bucket; --sweep-budget-s caps the sweep's time, candidates
+against upstream, time beside it); --full: first a sweep of launch candidates around each entry (decode <= 12 per
+width, prefill <= 8 per width, GEMV <= 7 per shape and row bucket; --sweep-budget-s caps the sweep's time, candidates
 left out are recorded as skipped). The file is written at the end, whole or not at
 all: an error or Ctrl-C halfway leaves none. Bad input: one ``error: ...`` line, exit 2.
 Triton's CPU interpreter (TRITON_INTERPRET=1) runs the flow at toy sizes (for tests; its times mean nothing).
