@@ -397,6 +397,8 @@ def test_the_dcu_sweep_tries_what_sm90s_measured_entries_turned_on():
         assert decode_params.PARAMS["gfx936"]["kv8"].get(key) != value
         assert dcu[f"{key} {value}"] == {"kv8": {key: value}}
     assert dcu["sm90's kv8 options"] == {"kv8": candidates.KV8_MEASURED_OPTIONS}
+    assert dcu["sm90's kv8 options, int8 2 stages"] == {"kv8": {**candidates.KV8_MEASURED_OPTIONS,
+                                                                "int8": {"num_stages": 2}}}
     assert {k: decode_params.PARAMS["sm90"]["kv8"][k] for k in candidates.KV8_MEASURED_OPTIONS} == \
         candidates.KV8_MEASURED_OPTIONS
     assert not any(label.split()[0] in candidates.KV8_MEASURED_OPTIONS or label.startswith("sm90")
