@@ -2,7 +2,8 @@
 
 Each candidate is an override object in the format of its family's variable (VLLM_DCU_DECODE_PARAMS,
 VLLM_DCU_PREFILL_PARAMS; the GEMV's are per-bucket launch dicts, kernels/gemv/launch_params.py) that changes one
-knob of the entry: every one is a Triton compile, so the neighbourhood is small (decode: <= 12 per width, prefill:
+knob of the entry, or a set the H200's measurements found together (8-bit decode, the GEMV at two rows): every one
+is a Triton compile, so the neighbourhood is small (decode: <= 12 per width, prefill:
 <= 8 per width, GEMV: <= 7 per shape and row bucket). Whether a candidate is valid is the family's get_params /
 check_config's call, not this module's. Pure Python: shipped with the kernels (the benchmarks are not).
 """
@@ -26,7 +27,8 @@ def decode_candidates(entry: dict, width: str, rocm_options: bool) -> list:
     """(label, override) pairs around ``entry[width]`` (a decode launch_params entry, width "kv16" / "kv8"):
     BLOCK_N halved / doubled, the other num_warps of 4 / 8, num_stages -1 / +1, launch key balance flipped; kv8:
     without its int8 options, without the Gluon stage 1 (the Triton kernel for every 8-bit call), and, where the
-    Triton launch lacks them, KV8_MEASURED_OPTIONS one by one and together; on ROCm waves_per_eu 1 / 2."""
+    Triton launch lacks them, KV8_MEASURED_OPTIONS one by one, together, and together with int8 at 2 stages; on ROCm
+    waves_per_eu 1 / 2."""
     launch = entry[width]
     out = []
     for bn in _pow2_steps(launch["BLOCK_N"], 16, 128):
