@@ -240,3 +240,33 @@ def test_the_engine_reads_the_file_the_command_wrote(quick_run, monkeypatch):
     assert lines[0] == f"tuned file: {edited}"
     assert any(line.startswith("decode.bf16") and "upstream (unified attention): measured 1.20x upstream: edited by "
                "the test" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_the_rehearsal_sweeps_the_dcu_8bit_candidates_and_each_matches_upstream(tune, monkeypatch):
+    """The DCU's 8-bit decode candidates (the options of sm90's measured entry over the DCU's paper entry, alone and
+    together) through the rehearsal's code path (VLLM_DCU_EMULATE_ARCH=gfx936: the DCU's entry, portable
+    conversions, software fp8) in the interpreter: each one the parser accepts compiles and matches upstream, so a
+    DCU's --full spends its time on real contenders."""
+    from vllm.dcu.tune import attention, sweep
+    from vllm.dcu_kernels import targets
+    from vllm.dcu_kernels.decode_attention import launch_params as decode_params
+    from vllm.dcu_kernels.tuning import candidates
+
+    monkeypatch.setenv(targets.EMULATE_ENV, "gfx936")
+    monkeypatch.setenv("VLLM_DCU_TUNED", "0")
+    monkeypatch.setattr(decode_params, "current_target", lambda device=None: "gfx936")  # the interpreter's is its own
+    decode_params._CACHE.clear()
+    monkeypatch.setattr(sweep, "time_us", lambda calls, copies=1, reps=10: {name: 1.0 for name in calls})
+    cases = shapes.Cases(decode=((2, 80),), prefill=(), prefill_short=(), kv_write=())
+    model = shapes.ModelShapes("toy", 4, 2, 32, {"bf16": 32, "fp8": 32, "int8": 32}, ())
+    family = attention.decode_family(model, cases, torch.device("cpu"))
+    rows = []
+    sweep.sweep_width(family, "kv8", True, rows, print)
+    decode_params._CACHE.clear()
+    got = {r["candidate"]: r for r in rows}
+    assert {"BLOCK_N 16", "BLOCK_N 64", "2 stages"} <= set(got)  # around the DCU's entry (BLOCK_N 32, 1 stage)
+    new = [f"{k} {v}" for k, v in candidates.KV8_MEASURED_OPTIONS.items()]
+    new += ["sm90's kv8 options", "sm90's kv8 options, int8 2 stages"]
+    for label in new:
+        assert "us" in got[label] and "failed" not in got[label] and "skipped" not in got[label], got[label]
