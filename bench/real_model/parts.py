@@ -1,12 +1,12 @@
 """The model's GGUF (98 MB) and the text in parts small enough for device calls, and joined again on the device.
 
-A device call carries at most 64 MiB, and the bundle (.bundle) takes ~37 MiB of that, so the GGUF travels alone in
-two earlier calls on the same warm machine (its temporary folder survives between calls):
+A device call carries at most 64 MiB together with the tracked tree (~31 MiB), and the bundle (.bundle) takes most of
+the rest, so the GGUF travels alone in four earlier calls on the same warm machine (its temporary folder survives
+between calls), each part ~25 MiB:
 
-    here:     python -m bench.real_model parts split [--out .gpu/real-model] [--parts 2]
-              -> .gpu/real-model/1/{gguf.part, manifest.json, austen.txt.gz}, .gpu/real-model/2/{gguf.part, ...}
-    call 1:   carry [".gpu/real-model/1"]:  python3 -m bench.real_model parts join .gpu/real-model/1
-    call 2:   carry [".gpu/real-model/2"]:  python3 -m bench.real_model parts join .gpu/real-model/2
+    here:     python -m bench.real_model parts split [--out .gpu/real-model] [--parts 4]
+              -> .gpu/real-model/1/{gguf.part, manifest.json, austen.txt.gz}, .gpu/real-model/2/{gguf.part, ...}, ...
+    call N:   carry [".gpu/real-model/N"]:  python3 -m bench.real_model parts join .gpu/real-model/N
               (the last part joins the GGUF, checks its sha256 and puts it and austen.txt into the cache:
               $VLLM_DCU_CACHE/real-model, default ~/.cache/vllm-dcu/real-model)
 
@@ -90,7 +90,7 @@ def main(argv) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("split")
     s.add_argument("--out", default=".gpu/real-model")
-    s.add_argument("--parts", type=int, default=2)
+    s.add_argument("--parts", type=int, default=4)
     j = sub.add_parser("join")
     j.add_argument("part_dir")
     j.add_argument("--store", default=str(Path(tempfile.gettempdir()) / "vllm-dcu-real-model-parts"))
