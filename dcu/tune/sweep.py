@@ -67,8 +67,7 @@ def sweep_width(family: Family, width: str, full: bool, rows: list, log) -> dict
     cands = [("table", {})] + (family.candidates(width) if full else [])
     scored = []
     for label, cand in cands:
-        override = cand
-        bad = _validate(family, override)
+        bad = _validate(family, cand)
         row = {"phase": family.name, "sweep": width, "candidate": label, "override": cand}
         if not bad and label != "table" and sweep_over():
             bad = "sweep budget spent (--sweep-budget-s)"
@@ -76,7 +75,7 @@ def sweep_width(family: Family, width: str, full: bool, rows: list, log) -> dict
             rows.append({**row, "skipped": bad})
             continue
         times, failure = [], None
-        with env(family.env_var, override):
+        with env(family.env_var, cand):
             for path in paths:
                 for case in family.cases[path][which]:
                     try:
