@@ -85,7 +85,9 @@ def shape_name(n: int, k: int, silu_mul: bool = False) -> str:
 #   stage): 48 registers, 32 KiB shared memory (48 KiB fused).
 # H200: the sweep of kernels/gemv/bench.py on 2026-12-02 (bench/results/2026-12-02-nvidia-h200-gemv.md), every
 # Qwen3.5-27B decode shape at 1/2/4/8 rows under CUDA graphs; per-shape entries where a shape's best differed.
-_FMA_2ROWS_K4 = {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 256, "num_stages": 1, "K_STAGES": 4}
+# 2 rows on the FMA path with the K loop pipelined 4 deep: beat the dot path for four shapes (see "shapes" below); the
+# tuning sweep offers it at two rows wherever the entry takes the dot path (kernels/tuning/candidates.py)
+FMA_TWO_ROWS = {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 256, "num_stages": 1, "K_STAGES": 4}
 _SM90 = {
     "measured": True,
     "programs_per_cu": 2,
@@ -120,11 +122,11 @@ _SM90 = {
         # 5120x17408 44.2 vs 47.3 (49.9), 34816x5120 86.1 vs 90.2 (87.9), fused gate_up 88.1 vs 90.8 (88.1). Not at
         # 4-8 rows (its [rows, BLOCK_N, BLOCK_K] accumulator: 1.1-2.5x the dot path's time), nor for 16384x5120
         # (45.4 vs 42.7) or 14336x5120 (within 1.5%).
-        "5120x6144": {"1": {"K_STAGES": 3}, "2": _FMA_2ROWS_K4},
-        "5120x17408": {"1": {"K_STAGES": 3}, "2": _FMA_2ROWS_K4},
+        "5120x6144": {"1": {"K_STAGES": 3}, "2": FMA_TWO_ROWS},
+        "5120x17408": {"1": {"K_STAGES": 3}, "2": FMA_TWO_ROWS},
         "34816x5120": {"2": {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 512, "num_stages": 1, "K_STAGES": 3},
                        "4": {"BLOCK_N": 64}, "8": {"BLOCK_N": 64}},
-        "34816x5120+silu": {"2": _FMA_2ROWS_K4},
+        "34816x5120+silu": {"2": FMA_TWO_ROWS},
     },
 }
 

@@ -5,10 +5,12 @@ VLLM_DCU_PREFILL_PARAMS; the GEMV's are per-bucket launch dicts, kernels/gemv/la
 knob of the entry, or a set the H200's measurements found together (8-bit decode, the GEMV at two rows): every one
 is a Triton compile, so the neighbourhood is small (decode: <= 12 per width, prefill:
 <= 8 per width, GEMV: <= 7 per shape and row bucket). Whether a candidate is valid is the family's get_params /
-check_config's call, not this module's. Pure Python: shipped with the kernels (the benchmarks are not).
+check_config's call, not this module's. Python over the launch tables: shipped with the kernels (the benchmarks
+are not).
 """
 from __future__ import annotations
 
+from ..gemv.launch_params import FMA_TWO_ROWS  # the two-row FMA launch sm90's table uses for four shapes
 from ..targets import ROCM_ONLY_OPTIONS as ROCM_ONLY  # the launch tables' one list
 
 
@@ -78,11 +80,6 @@ def prefill_candidates(entry: dict, width: str, rocm_options: bool) -> list:
         we = 1 if launch.get("waves_per_eu", 0) == 2 else 2
         out.append((f"waves_per_eu {we}", {width: {"waves_per_eu": we}}))
     return out
-
-
-# 2 rows on the FMA path with the K loop pipelined 4 deep: what beat the dot path (x padded to 16 rows) for four of
-# Qwen3.5-27B's shapes on the H200 (kernels/gemv/launch_params.py's sm90 shapes)
-FMA_TWO_ROWS = {"DOT": 0, "BLOCK_N": 8, "BLOCK_K": 256, "num_stages": 1, "K_STAGES": 4}
 
 
 def gemv_candidates(config: dict, bucket: int) -> list:
