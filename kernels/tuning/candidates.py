@@ -10,15 +10,17 @@ are not).
 """
 from __future__ import annotations
 
+from ..decode_attention import launch_params as decode_params
 from ..gemv.launch_params import FMA_TWO_ROWS  # the two-row FMA launch sm90's table uses for four shapes
 from ..targets import ROCM_ONLY_OPTIONS as ROCM_ONLY  # the launch tables' one list
 
 
-# The 8-bit Triton launch's options that sm90's measured entry turns on (kernels/decode_attention/launch_params.py's
+# The 8-bit Triton launch's options as sm90's measured entry sets them (kernels/decode_attention/launch_params.py's
 # notes: pages in an outer loop 0.85x the time with the stages it allows, even splits 0.97x, int8 x int8 QK^T 0.95x for
 # int8, splits rounded down with them): an entry without them (the DCU's, chosen on paper) tries each alone and all
 # together, so a device's sweep can find what the H200's did. early_convert is left out (PTX conversions, CUDA only).
-KV8_MEASURED_OPTIONS = {"page_loop": 1, "even_splits": 1, "int8_qk": 1, "split_round": "down"}
+KV8_MEASURED_OPTIONS = {k: decode_params.PARAMS["sm90"]["kv8"][k]
+                        for k in ("page_loop", "even_splits", "int8_qk", "split_round")}
 
 
 def _pow2_steps(value: int, lo: int, hi: int) -> list:
