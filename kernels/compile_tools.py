@@ -77,15 +77,33 @@ def ptxas_usage(ptx: str, arch: int) -> dict:
                 serialized=f"{serial.group(1)}: {serial.group(2)[:120]}" if serial else None)
 
 
+_PTX_BYTE_LOAD = re.compile(r"\bld\.global(?:\.[A-Za-z0-9_:]+)*?\.[bsu]8\b")
+
+
+def ptx_byte_loads(ptx: str) -> int:
+    """One-byte global loads (``ld.global....b8`` / ``u8`` / ``s8``) in a kernel's PTX: bytes gathered one by one."""
+    return len(_PTX_BYTE_LOAD.findall(ptx))
+
+
+_GCN_GLOBAL_LOAD = re.compile(r"^\s+(?:global|buffer)_load_(\w+)", re.MULTILINE)
+_GCN_MFMA = re.compile(r"^\s+v_mfma_", re.MULTILINE)
+
+
 def amdgcn_usage(gcn: str) -> dict:
-    """VGPRs, SGPRs, VGPR spills, scratch bytes and barriers from a compiled kernel's AMDGCN assembly."""
+    """VGPRs, SGPRs, VGPR spills, scratch bytes and barriers from a compiled kernel's AMDGCN assembly, and its global
+    loads: how many instructions, how many of them 16 bytes wide per lane (``dwordx4``: what a bandwidth-bound
+    kernel's stream should be) and how many one byte (``ubyte`` / ``sbyte``: bytes gathered one by one), and its MFMA
+    instructions. Counts are of the instructions in the code, not of how often they run."""
 
     def field(name):
         m = re.search(rf"\.{name}:\s+(\d+)", gcn)
         return int(m.group(1)) if m else None
 
+    widths = _GCN_GLOBAL_LOAD.findall(gcn)
     return dict(regs=field("vgpr_count"), sgprs=field("sgpr_count"), spills=field("vgpr_spill_count"),
-                scratch=field("private_segment_fixed_size"), barriers=gcn.count("s_barrier"))
+                scratch=field("private_segment_fixed_size"), barriers=gcn.count("s_barrier"),
+                loads=len(widths), loads_16b=sum(w == "dwordx4" for w in widths),
+                loads_1b=sum(w.startswith(("ubyte", "sbyte")) for w in widths), mfma=len(_GCN_MFMA.findall(gcn)))
 
 
 _SASS_INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")

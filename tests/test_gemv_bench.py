@@ -68,6 +68,11 @@ def test_gemv_compiles_for_sm90_and_wave64_without_spills():
         if r["target"] == "sm90" and not r["config"]["DOT"]:
             # 16-byte loads along K, or with K_STAGES (a pipelined K loop) async copies into shared memory
             assert (r["cp_async"] if "K_STAGES" in r["config"] else r["ld_v4"]) > 0, r
+        if r["target"] == "gfx936":
+            # the weight stream in 16-byte loads per lane (global_load_dwordx4) on the wave64 target; the dot path's
+            # rows reach the MFMA units
+            assert r["ld_v4"] > 0, r
+            assert (r["mma"] > 0) == bool(r["config"]["DOT"]), r
 
 
 def test_smoke_variants_times_every_variant_against_the_table_and_the_platform(tmp_path, monkeypatch, capsys):

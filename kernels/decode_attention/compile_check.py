@@ -7,7 +7,9 @@ For the target's launch_params entry (kv16 for bf16 caches, kv8 for int8 / fp8 w
 target has it, hardware e4m3 decode; on CUDA the PTX and the portable code conversions) at Qwen3.5-27B's head
 shape (6 q heads per kv head, 256), stage 1 is compiled with Triton's own compiler (CUDA: sm90 through the ptxas
 Triton ships; DCU: gfx90a, the wave64 target upstream LLVM knows, as the proxy for gfx936 / gfx928) and its
-registers, spills, shared memory / LDS and barriers are printed. The CPU interpreter runs the kernels as Python:
+registers, spills, shared memory / LDS and barriers are printed, and for AMD targets the global load instructions in
+the code, with how many of them load 16 bytes per lane and how many one byte (a K / V stream gathered byte by byte
+shows there). The CPU interpreter runs the kernels as Python:
 this is what finds code the compiler refuses (e.g. a plain Python global inside a kernel). Must run without
 TRITON_INTERPRET=1. --tile-loop (CUDA targets) adds stage 1's tile loop as ptxas compiled it: its SASS instructions
 per thread per tile and the most frequent opcodes (compile_tools.sass_tile_loop), the count to set against a tile's
@@ -73,7 +75,7 @@ def _report(kernel, target: str, tile_loop: bool) -> dict:
             report["tile_loop"] = sass_tile_loop(nvdisasm(kernel.asm["cubin"]))
     else:
         usage = amdgcn_usage(kernel.asm["amdgcn"])
-        report.update({k: usage[k] for k in ("regs", "spills", "sgprs", "barriers")})
+        report.update({k: usage[k] for k in ("regs", "spills", "sgprs", "barriers", "loads", "loads_16b", "loads_1b", "mfma")})
     return report
 
 
@@ -144,21 +146,22 @@ def main(argv=None):
     if args.json:
         print(json.dumps(rows, indent=1))
         return rows
-    head = "| target | variant | launch | regs | spill | shared / LDS B | barriers |"
+    head = "| target | variant | launch | regs | spill | shared / LDS B | barriers | global loads (16 B / 1 B) |"
     print(head + (" tile loop: SASS, top opcodes |" if args.tile_loop else ""))
-    print("|---|---|---|---:|---:|---:|---:|" + ("---|" if args.tile_loop else ""))
+    print("|---|---|---|---:|---:|---:|---:|---:|" + ("---|" if args.tile_loop else ""))
     for r in rows:
         launch = " ".join(f"{k}={v}" for k, v in r["launch"].items())
         if "error" in r:
-            print(f"| {r['target']} | {r['variant']} | {launch} | error: {r['error']} ||||")
+            print(f"| {r['target']} | {r['variant']} | {launch} | error: {r['error']} |||||")
         else:
             loop = ""
             if args.tile_loop:
                 tile = r.get("tile_loop")  # None on ROCm targets
                 loop = (f" {tile['instructions']}: " + ", ".join(f"{op} {n}" for op, n in list(tile["ops"].items())[:6])
                         if tile else " -") + " |"
+            loads = f"{r['loads']} ({r['loads_16b']} / {r['loads_1b']})" if "loads" in r else "-"  # AMDGCN only
             print(f"| {r['target']} | {r['variant']} | {launch} | {r['regs']} | {r['spills']} | {r['shared']} | "
-                  f"{r['barriers']} |{loop}")
+                  f"{r['barriers']} | {loads} |{loop}")
     return rows
 
 

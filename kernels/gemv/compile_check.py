@@ -6,8 +6,8 @@ For each launch configuration of the target's entry in launch_params (every row 
 override; plain, split-K partial and fused SiLU-mul variants, bf16) the kernel is compiled with
 Triton's own compiler for that GPU (CUDA: sm90 via the ptxas Triton ships; DCU: gfx90a, the wave64
 target upstream LLVM knows, as a proxy for gfx936/gfx928, which only Hygon's toolchain compiles)
-and its registers, spills, shared memory / LDS and, on CUDA, async-copy and 16-byte-load counts are
-printed. --sweep adds bench.py's sweep grid, --variants the configurations bench.py --variants times
+and its registers, spills, shared memory / LDS, 16-byte-load and MMA / MFMA counts and, on CUDA, async-copy
+counts are printed. --sweep adds bench.py's sweep grid, --variants the configurations bench.py --variants times
 (every shape's one-row entry with the K loop plain or pipelined K_STAGES 2 / 3 / 4 deep). Must run
 without TRITON_INTERPRET=1.
 """
@@ -55,7 +55,8 @@ def compile_config(cfg: dict, target: str, *, rows_bucket: int, partial=False, s
                       mma=ptx.count("mma.sync") + ptx.count("wgmma.mma_async"))
     else:
         usage = amdgcn_usage(kernel.asm["amdgcn"])
-        report.update({k: usage[k] for k in ("regs", "sgprs", "spills", "scratch")})
+        report.update({k: usage[k] for k in ("regs", "sgprs", "spills", "scratch")},
+                      ld_v4=usage["loads_16b"], mma=usage["mfma"])
     return report
 
 

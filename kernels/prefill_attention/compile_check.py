@@ -9,7 +9,9 @@ lives (sm90: "smem" or "regs") of each configuration, for a bf16 cache, the 16-b
 MIRROR_MIN_QUERY), and 8-bit caches read directly: "int8" (V by dim, tokens contiguous, as int8 caches hold it:
 kv_quant/layout.py V_BY_DIM), "int8 by token" (V contiguous in head_dim) and "fp8" (by token; software e4m3 on
 ROCm targets), Qwen3.5-27B's head shape (6 q heads per kv head, 256). "wgmma serialized" (sm90): ptxas's C751x
-advisory that it serialized the wgmma pipeline (a large slowdown; the reason, abbreviated, follows).
+advisory that it serialized the wgmma pipeline (a large slowdown; the reason, abbreviated, follows). "1-byte loads":
+global loads of one byte in the code (bytes gathered one by one; --json also gives ROCm targets' load and 16-byte
+load counts).
 Default configurations: the target's table entry (kv16 for bf16 and the mirror, which launches with it; kv8 and
 kv8_short for the direct path; "int8" at BLOCK_M <= 32 is the int8-product path, prefill_attention.py).
 ROCm targets compile for gfx90a, the wave64 target upstream LLVM knows (kernels/compile_tools.py).
@@ -20,7 +22,7 @@ import json
 
 import triton
 
-from ..compile_tools import amdgcn_usage, gpu_target, jit_signature, ptxas_usage
+from ..compile_tools import amdgcn_usage, gpu_target, jit_signature, ptx_byte_loads, ptxas_usage
 from . import launch_params
 from .mirror import MIRROR_PAGE
 from .prefill_attention import takes_int8_products
@@ -84,10 +86,10 @@ def compile_one(target: str, cfg: dict, variant: str, group=6, head_dim=256, blo
     report = dict(shared=k.metadata.shared, async_copies=k.asm["ttgir"].count("async_copy_global_to_local"),
                   q_operand=_q_operand(k.asm["ttgir"]))
     if "ptx" in k.asm:
-        report.update(ptxas_usage(k.asm["ptx"], gt.arch))
+        report.update(ptxas_usage(k.asm["ptx"], gt.arch), loads_1b=ptx_byte_loads(k.asm["ptx"]))
     else:
         usage = amdgcn_usage(k.asm["amdgcn"])
-        report.update(regs=usage["regs"], spills=usage["spills"])
+        report.update({k: usage[k] for k in ("regs", "spills", "loads", "loads_16b", "loads_1b", "mfma")})
     return report
 
 
@@ -104,8 +106,9 @@ def main():
         configs = [(w, entry[w]) for w in launch_params.WIDTHS]
     rows = []
     if not a.json:
-        print("| target | kv | config | regs | spills | shared / LDS B | async copies | q operand | wgmma serialized |")
-        print("|---|---|---|---:|---:|---:|---:|---|---|")
+        print("| target | kv | config | regs | spills | shared / LDS B | async copies | q operand | wgmma serialized "
+              "| 1-byte loads |")
+        print("|---|---|---|---:|---:|---:|---:|---|---|---:|")
     for width, cfg in configs:
         base = "kv8" if width == "kv8_short" else width  # the direct path's two tiles read the same caches
         for kind in [v for v, spec in VARIANTS.items() if base in (None, spec[0])]:
@@ -118,8 +121,8 @@ def main():
             if not a.json:
                 print(f"| {a.target} | {row['kv']} | {cfg} | {row.get('regs')} | {row.get('spills')} | "
                       f"{row.get('shared')} | {row.get('async_copies')} | {row.get('q_operand')} | "
-                      f"{row.get('serialized')} |" if "error" not in row else
-                      f"| {a.target} | {row['kv']} | {cfg} | error: {row['error'][:120]} | | | | | |", flush=True)
+                      f"{row.get('serialized')} | {row.get('loads_1b')} |" if "error" not in row else
+                      f"| {a.target} | {row['kv']} | {cfg} | error: {row['error'][:120]} | | | | | | |", flush=True)
     if a.json:
         print(json.dumps(rows))
 
