@@ -675,6 +675,24 @@ def test_dcu_entries_fit_64k_lds_and_are_marked_unmeasured():
             assert launch_params.lds_bytes(p["BLOCK_N"], 256, p["num_stages"]) <= 65536
 
 
+def test_dcu_int8_reads_v_by_dim_as_contiguous_runs_and_fp8_keeps_its_entry():
+    """int8 pages hold V by dim: only the page loop reads a tile's V as one run (V_CONTIG with unclamped slots);
+    without it Triton gathers the bytes one by one. The DCU's entry turns the page loop on for int8 caches only, at
+    the int8 page size (1664 tokens) and down to pages of one tile; fp8 (V by token) launches as before."""
+    from kernels.decode_attention.planning import split_kernel_launch
+
+    for target in ("gfx936", "gfx928"):
+        kv8 = launch_params.get_params(target, override="")["kv8"]
+        for block_size in (1664, kv8["BLOCK_N"]):
+            consts, options = split_kernel_launch(kv8, block_size, kv_quant=2, v_by_dim=True)
+            assert consts["PAGE_LOOP"] and consts["V_CONTIG"] and consts["INT8_PV"], consts
+            assert "page_loop" not in options and options["num_stages"] == kv8["num_stages"]
+        consts, _ = split_kernel_launch(kv8, 16, kv_quant=2, v_by_dim=True)  # pages shorter than a tile: no loop
+        assert not consts["PAGE_LOOP"]
+        consts, _ = split_kernel_launch(kv8, 1552, kv_quant=1, v_by_dim=False)
+        assert not consts["PAGE_LOOP"] and not consts["V_CONTIG"]
+
+
 def test_lds_estimate_over_the_dcu_limit_is_rejected_at_launch(monkeypatch):
     monkeypatch.setattr(launch_params, "current_target", lambda device=None: "gfx936")
     monkeypatch.setenv(launch_params.ENV_VAR, '{"BLOCK_N": 128, "num_stages": 2}')
@@ -1000,6 +1018,8 @@ def test_kernel_compiles_for_sm90_and_wave64_with_every_conversion_path():
             assert ("IMMA" if r["variant"].startswith("int8") else "HMMA") in ops, r
             if r["variant"] == "fp8-hw ptx":
                 assert ops.get("F2FP", 0) > 0, r  # the hardware e4m3 conversions sit in the loop
+        else:  # wave64: K and V in 16-byte loads, never byte by byte (int8's V by dim: the DCU entry's page loop)
+            assert r["loads_1b"] == 0 and r["loads_16b"] >= 2 and r["mfma"] > 0, r
 
 
 @pytest.mark.slow

@@ -371,7 +371,7 @@ def test_every_sweep_candidate_of_the_tables_is_a_valid_override(target):
                              (prefill_params, candidates.prefill_candidates, ("kv16", "kv8", "kv8_short"))):
         for width in widths:
             cands = make(lp.PARAMS[target], width, rocm)
-            assert 3 <= len(cands) <= 12
+            assert 3 <= len(cands) <= 13  # the DCU's kv8: 13 (its own int8 options, sm90's measured ones)
             for label, override in cands:
                 lp.get_params(target, override=json.dumps(override))  # raises naming the key if refused
     for bucket in gemv_params.ROW_BUCKETS:
@@ -397,8 +397,10 @@ def test_the_dcu_sweep_tries_what_sm90s_measured_entries_turned_on():
         assert decode_params.PARAMS["gfx936"]["kv8"].get(key) != value
         assert dcu[f"{key} {value}"] == {"kv8": {key: value}}
     assert dcu["sm90's kv8 options"] == {"kv8": candidates.KV8_MEASURED_OPTIONS}
+    dcu_int8 = decode_params.PARAMS["gfx936"]["kv8"]["int8"]  # the entry's own int8 options go along
     assert dcu["sm90's kv8 options, int8 2 stages"] == {"kv8": {**candidates.KV8_MEASURED_OPTIONS,
-                                                                "int8": {"num_stages": 2}}}
+                                                                "int8": {**dcu_int8, "num_stages": 2}}}
+    assert dcu["no int8 options"] == {"kv8": {"int8": None}}
     assert {k: decode_params.PARAMS["sm90"]["kv8"][k] for k in candidates.KV8_MEASURED_OPTIONS} == \
         candidates.KV8_MEASURED_OPTIONS
     assert not any(label.split()[0] in candidates.KV8_MEASURED_OPTIONS or label.startswith("sm90")

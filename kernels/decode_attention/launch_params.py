@@ -104,6 +104,12 @@ _GLUON_BLOCK_N = (64, 128)
 # - num_warps 4 = 256 lanes (4 wave64), waves_per_eu 2 so two workgroups share a CU and hide
 #   HBM latency, matrix_instr_nonkdim 16 for the 16x16x16 bf16 MMAC.
 # - 2 programs per CU: batch 1 with 4 kv heads gets ~40 splits on a 80-CU part.
+# - int8: page_loop 1 (int8 caches only). int8 pages hold V by dim, and only the page loop reads a tile's V as one
+#   contiguous run (V_CONTIG, triton_kernels.py); without it the clamped rows' bytes are gathered one by one. For
+#   the gfx90a proxy the int8 stage 1 compiled to 32 byte loads (global_load_ubyte) and 249 VGPRs without it, none
+#   and 240 with it, K and V in 16-byte loads (bench/results/2026-12-05-cpu-dcu-kv8-candidates.md); on the H200
+#   the by-dim path took 1.3-2.0x its by-token time while its bytes were gathered. fp8 (V by token) keeps the
+#   entry as it is. The rehearsal on the H200 (2026-12-05) timed the DCU's int8 without it.
 _DCU = {
     "measured": False,
     "lds_limit": 65536,
@@ -111,7 +117,8 @@ _DCU = {
     "max_splits": 64,
     "min_split_tokens": 256,
     "kv16": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
-    "kv8": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
+    "kv8": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2, "matrix_instr_nonkdim": 16,
+            "int8": {"page_loop": 1}},
 }
 
 PARAMS = {

@@ -54,10 +54,13 @@ def decode_candidates(entry: dict, width: str, rocm_options: bool) -> list:
         out += [(f"{k} {v}", {width: {k: v}}) for k, v in missing.items()]
         if len(missing) > 1:
             out.append(("sm90's kv8 options", {width: dict(missing)}))
-            if missing.get("page_loop") and launch["num_stages"] == 1 and not launch.get("int8"):
+            int8 = launch.get("int8") or {}
+            if missing.get("page_loop") and launch["num_stages"] == 1 and "num_stages" not in int8:
                 # pages in an outer loop pay with a tile in flight: int8 (the lighter of the two in registers once
-                # its QK^T is int8 x int8) at 2 stages; fp8's software decode keeps 1
-                out.append(("sm90's kv8 options, int8 2 stages", {width: {**missing, "int8": {"num_stages": 2}}}))
+                # its QK^T is int8 x int8) at 2 stages; fp8's software decode keeps 1 (an override's int8 object
+                # replaces the entry's: its own options go along)
+                out.append(("sm90's kv8 options, int8 2 stages",
+                            {width: {**missing, "int8": {**int8, "num_stages": 2}}}))
     if rocm_options:
         we = 1 if launch.get("waves_per_eu", 0) == 2 else 2
         out.append((f"waves_per_eu {we}", {width: {"waves_per_eu": we}}))
