@@ -325,7 +325,7 @@ def test_the_dcu_rehearsal_takes_the_dcu_entry_without_rocm_only_options(monkeyp
     ("decode", "sm90", lambda e: e["kv8"].update(BLOCK_N=32) or e.update(programs_per_cu=3)),
     ("decode", "sm90", lambda e: e["kv8"].pop("gluon")),  # a dropped option becomes null
     ("decode", "gfx936", lambda e: e["kv16"].update(BLOCK_N=16, num_stages=1)),
-    ("prefill", "gfx936", lambda e: e["kv8_short"].update(BLOCK_M=16)),
+    ("prefill", "gfx936", lambda e: e["kv8_short"].update(BLOCK_M=32)),
     ("gemv", "sm90", lambda e: e["rows"]["1"].update(num_warps=8)),
 ])
 def test_a_suggestion_round_trips_through_the_variable_and_the_tuned_file(tuned, family, target, change):

@@ -537,6 +537,8 @@ def test_table_entries_compile_within_the_targets_limits(target):
                 assert r["q_operand"] == "smem" and r["serialized"] is None, r
             if i >= 5:  # kv8_short, the decode rows' tile (int8: the int8 products): nothing spilled
                 assert r["spills"] == 0, r
+        if i >= 5:  # kv8_short: K and V in vector loads, never byte by byte (int8's V by dim in token runs)
+            assert r["loads_1b"] == 0, r
 
 
 @pytest.mark.slow

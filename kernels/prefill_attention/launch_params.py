@@ -34,17 +34,22 @@ _POW2 = {"BLOCK_M": (16, 256), "BLOCK_N": (16, 256), "num_warps": (1, 16)}
 # bf16 (296 8-bit), 32 KiB LDS (the Q tile's layout change), no spills; 64x32 320 VGPRs; 128x16 / 4 warps 380
 # VGPRs and 64 KiB LDS (one workgroup per CU); 128x16 / 8 warps 161 VGPRs but 64 KiB LDS. Sweep on the DCU with
 # bench.py before trusting any of it. 2026-12-02 (sixth session, log2 V factor, 16-bit mirror): 64x16 bf16 252,
-# the mirror 256, the direct 8-bit path 292 VGPRs, no spills, 32 KiB LDS. kv8_short keeps kv8's tile until a DCU
-# measures the short rows (the H200 took a 16-row tile; int8 products need <= 32 rows, prefill_attention.py).
-# Candidates compiled for gfx90a (2026-12-03; int8 with the int8 products / software fp8): 16x64, 4 warps, 1 stage
-# 323 / 342 VGPRs, 16 KiB LDS; 16x32 236 / 228, 8 KiB; 32x32 256 / 256, 8-16 KiB; no spills.
+# the mirror 256, the direct 8-bit path 292 VGPRs, no spills, 32 KiB LDS.
+# kv8_short (decode rows and short chunks beside the mirror): 16 x 32, 4 warps, 1 stage (2026-12-05, was kv8's
+# 64 x 16). A decode row fills 6 of a tile's rows, 6 of 16 here against 6 of 64; and int8 caches (V by dim) take the
+# int8 x int8 products only at <= 32 rows (prefill_attention.takes_int8_products): at 64 rows they convert V in
+# windows whose bytes Triton gathers one by one. Compiled for gfx90a (compile_check's global loads; int8 / software
+# fp8): 64 x 16 292 / 320 VGPRs, int8 with 32 one-byte loads; 16 x 32 188 / 228 VGPRs, 8 KiB LDS, no one-byte
+# load, no spills (16 x 64 280 / 342, 32 x 32 232 / 256). On the H200 the same choice for int8 by dim was 64 x 32
+# 4.8-5.2x bf16's time against 1.05-1.08x at 16 x 64 (sm90's entry, above). bench.py or the tuning command's --full
+# on a DCU decides (bench/results/2026-12-05-cpu-dcu-kv8-candidates.md).
 _DCU = {
     "measured": False,
     "kv16": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
              "matrix_instr_nonkdim": 16},
     "kv8": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
             "matrix_instr_nonkdim": 16},
-    "kv8_short": {"BLOCK_M": 64, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
+    "kv8_short": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 1,
                   "matrix_instr_nonkdim": 16},
 }
 

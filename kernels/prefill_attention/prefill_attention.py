@@ -56,9 +56,10 @@ def takes_int8_products(int8_v_by_dim, mirror, block_size, block_m, block_n, hea
     the mirror), in page windows of BLOCK_N slots (pages of at least BLOCK_N tokens), for query tiles of up to 32
     rows (the fp32 accumulator and the int32 product tile side by side: at 64-128 rows they spill 400-1100 B on
     sm90, and 128 x 32 took 4.9x bf16's time against 3.5x converting V to fp16); its int32 sums hold head_dim and
-    BLOCK_N up to 512."""
-    return (int8_v_by_dim and not mirror and block_size >= block_n and block_m <= 32 and head_dim <= 512
-            and block_n <= 512)
+    BLOCK_N up to 512. Pages of a multiple of 16 tokens (every vLLM block size; int8 hybrid pages 1664): the
+    windows start on a multiple of 16 slots, which the kernel tells the compiler for V's 16-byte loads."""
+    return (int8_v_by_dim and not mirror and block_size >= block_n and block_size % 16 == 0 and block_m <= 32
+            and head_dim <= 512 and block_n <= 512)
 
 
 def _attend(q, k_cache, v_cache, k_scales, v_scales, out, cu_seqlens_q, seq_lens, block_table, scale, kv_quant,
