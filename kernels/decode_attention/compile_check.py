@@ -75,7 +75,8 @@ def _report(kernel, target: str, tile_loop: bool) -> dict:
             report["tile_loop"] = sass_tile_loop(nvdisasm(kernel.asm["cubin"]))
     else:
         usage = amdgcn_usage(kernel.asm["amdgcn"])
-        report.update({k: usage[k] for k in ("regs", "spills", "sgprs", "barriers", "loads", "loads_16b", "loads_1b", "mfma")})
+        report.update({k: usage[k] for k in ("regs", "spills", "sgprs", "barriers", "loads", "loads_16b", "loads_1b",
+                                             "mfma")})
     return report
 
 
