@@ -237,3 +237,39 @@ def test_cpu_route_refuses_bad_options_with_one_line(argv, message, capsys):
         main(["cpu", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and message in err[-1]
+
+
+def test_flips_finds_where_greedy_parts_and_how_close_bf16_was():
+    """divergence, teacher-forced on bf16's path: None while every pick agrees (a real model against itself, and a
+    format that only moves logits a little); else the first differing step, both tokens and each side's margin."""
+    from bench.real_model import flips
+
+    assert flips.divergence(_tiny_model(), [3, 17, 42, 8, 9, 33, 5, 1, 60, 12], "auto", 12) is None
+
+    class Scripted:  # bf16 prefers token 5 by 2.0 then token 6; the format at its third step prefers 9 by 0.25
+        def new_caches(self, kv):
+            return dict(kv=kv, step=0)
+
+        def forward(self, x, caches, start=0):
+            step, caches["step"] = caches["step"], caches["step"] + 1
+            logits = torch.zeros(x.numel(), 16)
+            logits[-1, 5 + (step >= 1)] = 2.0
+            if caches["kv"] != "auto" and step == 2:
+                logits[-1, 9] = 2.25
+            return logits
+
+    d = flips.divergence(Scripted(), [1, 2, 3], "int8_per_token_head", 8)
+    assert d == dict(step=2, ref_token=6, kv_token=9, ref_margin=2.0, kv_margin=0.25)
+    assert flips.divergence(Scripted(), [1, 2, 3], "int8_per_token_head", 2) is None  # parts only at step 2
+    prompts = [dict(answer="12"), dict(answer="7"), dict(answer="3")]
+    assert flips.flipped(prompts, ["12", "code 7", "none"], ["12.", "8", "3"]) == [1, 2]
+
+
+def test_flips_refuses_a_file_that_is_not_a_cpu_result(tmp_path, capsys):
+    from bench.real_model.__main__ import main
+
+    bad = tmp_path / "x.json"
+    bad.write_text('{"rows": []}')
+    assert main(["flips", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad}: not a bench.real_model cpu result"), err

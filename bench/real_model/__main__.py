@@ -6,6 +6,7 @@
     python -m bench.real_model convert OUT_DIR [--keep-permutation]   GGUF -> bf16 HF directory
     python -m bench.real_model verify [--tokens 512]            converter check (exit 1 if it fails)
     python -m bench.real_model analyze [--tokens 1024]          error per layer, KV head, position, channel
+    python -m bench.real_model flips RESULTS.json [--kv K]      retrieval answers K changes: where, how close
     python -m bench.real_model engine --hf-dir DIR [...]        engine route on a GPU (bench/real_model/engine.py)
     python -m bench.real_model parts split|join ...             the GGUF and text in parts for device calls
 
@@ -151,6 +152,25 @@ def cmd_verify(args) -> int:
     return 0 if res["passed"] else 1
 
 
+def cmd_flips(args) -> int:
+    import json
+
+    from . import flips
+
+    try:
+        results = json.loads(Path(args.results).read_text())
+        results["sections"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{args.results}: not a bench.real_model cpu result ({type(exc).__name__}: {exc})") from None
+    model, tok, _ = load()
+    command = "python -m bench.real_model " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    rows = flips.run(model, tok, fetch.read_text(), results, args.kv,
+                     lambda msg: print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True))
+    md = flips.write(rows, args.kv, command, Path(args.out))
+    print(md.read_text())
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.real_model", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -176,6 +196,11 @@ def main(argv=None) -> int:
     a.add_argument("--window", type=int, default=2, help="which of the evenly spaced windows (0-based)")
     a.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
     a.set_defaults(func=cmd_analyze)
+    fl = sub.add_parser("flips", help="retrieval answers a KV format changes: where they part, how close")
+    fl.add_argument("results", help="a cpu route's results JSON")
+    fl.add_argument("--kv", choices=("int8_per_token_head", "fp8_per_token_head", "fp8"), default="int8_per_token_head")
+    fl.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
+    fl.set_defaults(func=cmd_flips)
     v = sub.add_parser("convert", help="GGUF -> bf16 HF directory")
     v.add_argument("out_dir")
     v.add_argument("--gguf")
