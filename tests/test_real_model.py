@@ -273,3 +273,19 @@ def test_flips_refuses_a_file_that_is_not_a_cpu_result(tmp_path, capsys):
     assert main(["flips", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {bad}: not a bench.real_model cpu result"), err
+
+
+def test_targets_compare_fp8_formats_on_retrieval_too():
+    """'fp8_per_token_head no worse than per-tensor fp8 anywhere' covers the retrieval cells, not only perplexity."""
+    from bench.real_model import report
+
+    cell = lambda hits: dict(exact_match=hits / 32, hits=hits, n=32)  # noqa: E731
+    ppl = {kv: dict(ppl_ratio=r, all=dict(kl=k, top1=t)) for kv, r, k, t in
+           (("auto", 1.0, 0.0, 1.0), ("fp8_per_token_head", 1.005, 4e-3, 0.95), ("fp8", 1.006, 8e-3, 0.94))}
+    doc = dict(sections=dict(perplexity={"2048": ppl}, retrieval={"2048": {
+        "auto": cell(12), "fp8_per_token_head": cell(13), "fp8": cell(14)}}))
+    line = report.targets(doc)[-1]
+    assert line == ("- fp8_per_token_head no worse than per-tensor fp8 anywhere: MISSED (retrieval at 2048 (13 against "
+                    "14 of 32))")
+    doc["sections"]["retrieval"]["2048"]["fp8"] = cell(13)
+    assert report.targets(doc)[-1].endswith("anywhere: met")

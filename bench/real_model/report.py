@@ -56,6 +56,12 @@ def targets(doc: dict) -> list[str]:
                 worse.append(f"KL at {c}")
             if a["all"]["top1"] < b["all"]["top1"]:
                 worse.append(f"top-1 at {c}")
+    for task in ("retrieval", "aggregation"):
+        for c, res in s.get(task, {}).items():
+            if "fp8" in res and "fp8_per_token_head" in res and \
+                    res["fp8_per_token_head"]["exact_match"] < res["fp8"]["exact_match"]:
+                worse.append(f"{task} at {c} ({res['fp8_per_token_head']['hits']} against {res['fp8']['hits']} of "
+                             f"{res['fp8']['n']})")
     g = s.get("greedy", {})
     if "fp8" in g and "fp8_per_token_head" in g and g["fp8_per_token_head"]["agreement"] < g["fp8"]["agreement"]:
         big = 10**9  # identical: diverges after the end
