@@ -77,11 +77,11 @@ def markdown(rows: list[dict], kv: str, command: str) -> str:
     out = [f"# Retrieval answers {kv} changes (SmolLM2-135M, CPU route)", "", f"Command: `{command}`", "",
            "Each prompt whose answer is right with one format and wrong with the other, teacher-forced along bf16's "
            "greedy answer: the first step where the format's pick differs, and each side's logit margin there.", "",
-           "| task | context | prompt | answer | bf16 says | right | " + kv + " says | right | parts at step | "
+           "| task | context | prompt | answer | bf16's number | right | " + kv + "'s number | right | parts at step | "
            "bf16 / " + kv + " tokens | bf16 margin | " + kv + " margin |", "|---|---:|---:|---|---|---|---|---|---:|---|---:|---:|"]
     for r in rows:
         d = r["divergence"]
-        a = {k: v.strip().replace("|", "/").replace("\n", " ")[:40] for k, v in r["answers"].items()}
+        a = {k: tasks.first_number(v) or "(no number)" for k, v in r["answers"].items()}  # what the scoring reads
         cells = ([str(d["step"]), f"{r['ref_token']!r} / {r['kv_token']!r}", f"{d['ref_margin']:.3f}",
                   f"{d['kv_margin']:.3f}"] if d else ["-", "-", "-", "-"])
         out.append(f"| {r['task']} | {r['context']} | {r['prompt']} | {r['answer']} | {a[REF]} | {r['right'][REF]} | "
