@@ -78,7 +78,8 @@ def markdown(rows: list[dict], kv: str, command: str) -> str:
            "Each prompt whose answer is right with one format and wrong with the other, teacher-forced along bf16's "
            "greedy answer: the first step where the format's pick differs, and each side's logit margin there.", "",
            "| task | context | prompt | answer | bf16's number | right | " + kv + "'s number | right | parts at step | "
-           "bf16 / " + kv + " tokens | bf16 margin | " + kv + " margin |", "|---|---:|---:|---|---|---|---|---|---:|---|---:|---:|"]
+           "bf16 / " + kv + " tokens | bf16 margin | " + kv + " margin |",
+           "|---|---:|---:|---|---|---|---|---|---:|---|---:|---:|"]
     for r in rows:
         d = r["divergence"]
         a = {k: tasks.first_number(v) or "(no number)" for k, v in r["answers"].items()}  # what the scoring reads
