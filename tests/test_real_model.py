@@ -265,6 +265,14 @@ def test_flips_finds_where_greedy_parts_and_how_close_bf16_was():
     assert flips.flipped(prompts, ["12", "code 7", "none"], ["12.", "8", "3"]) == [1, 2]
 
 
+def test_flips_of_each_format_go_to_their_own_files(tmp_path):
+    from bench.real_model import flips
+
+    mds = [flips.write([], kv, "cmd", tmp_path) for kv in ("int8_per_token_head", "fp8_per_token_head", "fp8")]
+    assert len({md.name for md in mds}) == 3 and all(md.with_suffix(".json").exists() for md in mds)
+    assert "(no prompt changes its answer)" in mds[0].read_text()
+
+
 def test_flips_refuses_a_file_that_is_not_a_cpu_result(tmp_path, capsys):
     from bench.real_model.__main__ import main
 

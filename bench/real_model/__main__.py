@@ -198,7 +198,8 @@ def main(argv=None) -> int:
     a.set_defaults(func=cmd_analyze)
     fl = sub.add_parser("flips", help="retrieval answers a KV format changes: where they part, how close")
     fl.add_argument("results", help="a cpu route's results JSON")
-    fl.add_argument("--kv", choices=("int8_per_token_head", "fp8_per_token_head", "fp8"), default="int8_per_token_head")
+    fl.add_argument("--kv", choices=("int8_per_token_head", "fp8_per_token_head", "fp8"),
+                    default="int8_per_token_head")
     fl.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
     fl.set_defaults(func=cmd_flips)
     v = sub.add_parser("convert", help="GGUF -> bf16 HF directory")

@@ -9,7 +9,8 @@ bf16 and ``--kv`` runs again through both caches, teacher-forced along bf16's gr
 the format's greedy pick differs is where the answers part. Reported per prompt: that step, the two tokens, bf16's
 logit margin between its pick and the format's (a near-tie is a small margin), and the format's margin the other
 way. A flip at a margin of a few hundredths of a logit is a coin toss that any rounding can turn; a flip at several
-logits is the format losing the fact. Writes ``<date>-cpu-real-model-flips.md`` in --out (default bench/results/).
+logits is the format losing the fact. Writes ``<date>-cpu-real-model-flips-<int8-pth|fp8-pth|fp8-per-tensor>.{json,md}``
+in --out (default bench/results/).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 from . import tasks
 
 REF = "auto"
+FILE_TAG = {"int8_per_token_head": "int8-pth", "fp8_per_token_head": "fp8-pth", "fp8": "fp8-per-tensor"}
 
 
 @torch.no_grad()
@@ -95,7 +97,7 @@ def markdown(rows: list[dict], kv: str, command: str) -> str:
 def write(rows: list[dict], kv: str, command: str, out_dir: Path) -> Path:
     from .report import write_atomic
 
-    stem = f"{datetime.date.today().isoformat()}-cpu-real-model-flips"
+    stem = f"{datetime.date.today().isoformat()}-cpu-real-model-flips-{FILE_TAG[kv]}"
     write_atomic(out_dir / f"{stem}.json", json.dumps(dict(command=command, kv=kv, rows=rows), indent=1) + "\n")
     md = out_dir / f"{stem}.md"
     write_atomic(md, markdown(rows, kv, command))
