@@ -63,7 +63,7 @@ def greedy_section(model, ids, kvs, count, prompt_len, new_tokens, log, eos=None
 
 def answer_section(model, tok, prompts, kvs, log, label, new_tokens=24) -> dict:
     out = {}
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    eos = tok.convert_tokens_to_ids(tasks.END_OF_TURN)
     for kv in kvs:
         texts = [tok.decode(greedy(model, p["ids"], kv, new_tokens, eos), skip_special_tokens=True)
                  for p in prompts]
@@ -100,7 +100,7 @@ def run(model, tok, text: str, args, log) -> dict:
     if args.prompts:
         doc["sections"]["greedy"] = greedy_section(model, ids, kvs, args.prompts, args.prompt_len, args.new_tokens,
                                                    log)
-    paras = [p for p in text.split("\n\n") if len(p) > 200]
+    paras = tasks.filler_paragraphs(text)
     for task in args.tasks:
         res = {}
         for c in args.retrieval_contexts:

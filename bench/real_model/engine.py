@@ -89,8 +89,8 @@ def worker(cfg: dict) -> None:
     res = gen(prompts, SamplingParams(max_tokens=cfg["new_tokens"], temperature=0.0, ignore_eos=True,
                                       detokenize=False))
     meta["greedy"] = [list(r.outputs[0].token_ids) for r in res]
-    paras = [p for p in fetch.read_text().split("\n\n") if len(p) > 200]
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    paras = tasks.filler_paragraphs(fetch.read_text())
+    eos = tok.convert_tokens_to_ids(tasks.END_OF_TURN)
     for task in ("retrieval", "aggregation"):
         meta[task] = {}
         for c in cfg["retrieval_contexts"] if task not in cfg.get("skip", ()) else ():

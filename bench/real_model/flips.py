@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from . import tasks
+from .report import REF, write_atomic
 
-REF = "auto"
 FILE_TAG = {"int8_per_token_head": "int8-pth", "fp8_per_token_head": "fp8-pth", "fp8": "fp8-per-tensor"}
 
 
@@ -54,8 +54,8 @@ def flipped(prompts: list[dict], ref_answers: list[str], kv_answers: list[str]) 
 
 
 def run(model, tok, text: str, results: dict, kv: str, log) -> list[dict]:
-    paras = [p for p in text.split("\n\n") if len(p) > 200]
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    paras = tasks.filler_paragraphs(text)
+    eos = tok.convert_tokens_to_ids(tasks.END_OF_TURN)
     rows = []
     for task in ("retrieval", "aggregation"):
         for ctx, res in results["sections"].get(task, {}).items():
@@ -95,8 +95,6 @@ def markdown(rows: list[dict], kv: str, command: str) -> str:
 
 
 def write(rows: list[dict], kv: str, command: str, out_dir: Path) -> Path:
-    from .report import write_atomic
-
     stem = f"{datetime.date.today().isoformat()}-cpu-real-model-flips-{FILE_TAG[kv]}"
     write_atomic(out_dir / f"{stem}.json", json.dumps(dict(command=command, kv=kv, rows=rows), indent=1) + "\n")
     md = out_dir / f"{stem}.md"

@@ -105,6 +105,15 @@ def _pairs(rng: random.Random, count: int) -> list[tuple[str, str]]:
     return [(k, str(rng.randint(1000, 9999))) for k in keys]
 
 
+END_OF_TURN = "<|im_end|>"  # the instruct chat template's end of an answer: greedy answers stop there
+
+
+def filler_paragraphs(text: str) -> list[str]:
+    """The text's paragraphs retrieval_prompts fills its prompts with (over 200 characters). Every route that builds
+    or rebuilds the prompts takes them from here, so the same seed gives the same prompt."""
+    return [p for p in text.split("\n\n") if len(p) > 200]
+
+
 def retrieval_prompts(tokenizer, paragraphs: list[str], context: int, count: int, pairs: int = 4,
                       seed: int = 0, task: str = "retrieval") -> list[dict]:
     """``count`` chat prompts of about ``context`` tokens: real paragraphs with ``pairs`` code sentences at random
