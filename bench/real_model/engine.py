@@ -12,7 +12,8 @@ same windows, passages and chat prompts as the CPU route):
 * every window's prompt logprobs with the top 20 per position (``prompt_logprobs=20``); a window of context C has
   min(C, 8191) tokens (the model's 8192 positions hold the window and the one sampled token);
 * greedy continuations (``--new-tokens``, ignore_eos) of ``--prompts`` passages of 256 tokens;
-* retrieval and aggregation answers (greedy, 24 tokens, stop at <|im_end|>), exact match of the first number; a task
+* retrieval and aggregation answers (greedy, 24 tokens, stop at <|im_end|>), exact match of the first number (at
+  8K a prompt drops its last filler paragraphs to fit max_model_len with the answer's 24 tokens); a task
   whose bf16 exact match stays below --min-bf16-em at every context is not run for the 8-bit dtypes (dropped).
 The driver compares each KV dtype with bf16 KV of the same backend: perplexity from the prompt tokens' logprobs;
 top-1 from the rank-1 tokens; KL(bf16 || x) over bf16's top 20 plus one bucket for the rest (a lower bound of the
@@ -36,6 +37,8 @@ from . import fetch, report, tasks
 REPO = Path(__file__).resolve().parents[2]
 TOPK = 20
 MAX_LEN = 8192
+ANSWER_TOKENS = 24
+FIXED_KV_UTILIZATION = 0.05
 
 
 def engine_llm(hf_dir: str, backend: str, kv: str, kv_cache_gib: float | None = None):
@@ -46,8 +49,12 @@ def engine_llm(hf_dir: str, backend: str, kv: str, kv_cache_gib: float | None = 
     from ci.gpu import harness
 
     fixed = {} if kv_cache_gib is None else dict(kv_cache_memory_bytes=int(kv_cache_gib * 2**30))
+    # vLLM refuses to start when util x the card's memory exceeds the free memory, a fixed KV size or not; with a
+    # fixed size (and eager) util is used for nothing else, so it asks for little: two engines, or an engine beside
+    # other work, then share the card (on an 80 GB card, 0.3 each failed beside the GPU tests).
+    util = 0.3 if kv_cache_gib is None else FIXED_KV_UTILIZATION
     kw = harness.engine_kwargs(eager=True, attention_backend=backend, kv_cache_dtype=kv, max_model_len=MAX_LEN,
-                               max_num_seqs=32, max_num_batched_tokens=4096, gpu_memory_utilization=0.3,
+                               max_num_seqs=32, max_num_batched_tokens=4096, gpu_memory_utilization=util,
                                enable_prefix_caching=False, max_logprobs=TOPK, seed=0, **fixed)
     return LLM(model=hf_dir, **kw)
 
@@ -94,8 +101,10 @@ def worker(cfg: dict) -> None:
     for task in ("retrieval", "aggregation"):
         meta[task] = {}
         for c in cfg["retrieval_contexts"] if task not in cfg.get("skip", ()) else ():
-            ps = tasks.retrieval_prompts(tok, paras, c, cfg["retrieval_n"], task=task)
-            res = gen([p["ids"] for p in ps], SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=[eos]))
+            ps = tasks.retrieval_prompts(tok, paras, c, cfg["retrieval_n"], task=task,
+                                         max_tokens=MAX_LEN - ANSWER_TOKENS)
+            res = gen([p["ids"] for p in ps], SamplingParams(max_tokens=ANSWER_TOKENS, temperature=0.0,
+                                                             stop_token_ids=[eos]))
             texts = [r.outputs[0].text for r in res]
             meta[task][str(c)] = dict(tasks.score_answers(ps, texts), answers=texts)
     meta["wall_s"] = round(time.time() - t0, 1)

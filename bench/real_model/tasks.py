@@ -115,10 +115,12 @@ def filler_paragraphs(text: str) -> list[str]:
 
 
 def retrieval_prompts(tokenizer, paragraphs: list[str], context: int, count: int, pairs: int = 4,
-                      seed: int = 0, task: str = "retrieval") -> list[dict]:
+                      seed: int = 0, task: str = "retrieval", max_tokens: int | None = None) -> list[dict]:
     """``count`` chat prompts of about ``context`` tokens: real paragraphs with ``pairs`` code sentences at random
     depths. retrieval: "What is the access code of the X?" (answer: its number); aggregation: "How many access
-    codes ..." (answer: ``pairs``)."""
+    codes ..." (answer: ``pairs``). The paragraphs' separators and the chat template add tokens beyond ``context``
+    (about 1% at 8K); ``max_tokens`` (an engine's max_model_len less the answer's room) drops the last filler
+    paragraphs of a prompt longer than that, never a code sentence; prompts already within it are unchanged."""
     out = []
     for i in range(count):
         rng = random.Random(seed * 1_000_003 + context * 101 + i)
@@ -134,21 +136,31 @@ def retrieval_prompts(tokenizer, paragraphs: list[str], context: int, count: int
                 break
             filler.append(p)
             n += t
-        for key, val in kv:
-            filler.insert(rng.randint(0, len(filler)), f"The access code of the {key} is {val}.")
+        codes = [f"The access code of the {key} is {val}." for key, val in kv]
+        for code in codes:
+            filler.insert(rng.randint(0, len(filler)), code)
         ask_key, answer = kv[rng.randrange(pairs)]
         if task == "retrieval":
             question = f"What is the access code of the {ask_key}? Answer with the number only."
         else:
             question, answer = "How many different access codes are mentioned in the text? Answer with a number.", \
                 str(pairs)
-        messages = [{"role": "user", "content": "Read the text and answer the question.\n\n" + "\n\n".join(filler)
-                     + "\n\nQuestion: " + question}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if not isinstance(ids, list):
-            ids = ids["input_ids"]
-        out.append(dict(ids=list(ids), answer=answer, key=ask_key))
+        ids = _chat_ids(tokenizer, filler, question)
+        while max_tokens is not None and len(ids) > max_tokens:
+            last = max((k for k, p in enumerate(filler) if p not in codes), default=None)
+            if last is None:
+                raise ValueError(f"a retrieval prompt's question and code sentences alone exceed {max_tokens} tokens")
+            del filler[last]
+            ids = _chat_ids(tokenizer, filler, question)
+        out.append(dict(ids=ids, answer=answer, key=ask_key))
     return out
+
+
+def _chat_ids(tokenizer, filler: list[str], question: str) -> list[int]:
+    messages = [{"role": "user", "content": "Read the text and answer the question.\n\n" + "\n\n".join(filler)
+                 + "\n\nQuestion: " + question}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
 def first_number(text: str) -> str | None:
