@@ -143,6 +143,9 @@ class DispatchTable:
         self.entries: dict[str, dict[int, dict]] = {}
         self.frozen = False
         self.timing_s = 0.0  # time spent measuring and warming (first start) or warming (cached)
+        # what measuring left on the device (outside torch's allocator, torch's peak of allocated bytes), bytes: vLLM's
+        # memory profile counts both when the measurement runs before the KV cache is sized
+        self.measure_memory = [0, 0]
         self._cached: dict | None = None  # the tuned file's gemv entries, read on first need
         self.why: dict[str, str] = {}  # shape id -> why it runs on the platform GEMM (fallback, late shape)
         self.measured_now: set[str] = set()  # shapes measured in this process (not in the tuned file)
@@ -220,11 +223,15 @@ class DispatchTable:
                     if entry[b]["choice"] == "triton":
                         warm(b)
             else:
-                entry = {}
+                entry, mark = {}, memory_mark()
                 for b in BUCKETS:
                     t_us, p_us = measure(b)
                     entry[b] = {"choice": decide(t_us, p_us, self.hysteresis), "triton_us": _us(t_us),
                                 "platform_us": _us(p_us)}
+                after = memory_mark()
+                if mark is not None and after is not None:
+                    self.measure_memory[0] += after[0] - mark[0]
+                    self.measure_memory[1] += max(0, after[1] - mark[1])
                 how = "measured"
                 self.measured_now.add(key.id)
                 self._save(key, entry)
@@ -257,7 +264,10 @@ class DispatchTable:
         pairs = [e["choice"] for entry in self.entries.values() for e in entry.values()]
         self.log(f"dcu-gemv: table complete ({self.mode}): {len(self.entries)} shapes, the Triton GEMV in "
                  f"{pairs.count('triton')} of {len(pairs)} (shape, row bucket) pairs; "
-                 f"{self.timing_s:.2f} s spent measuring/warming; tuned file {self.path}")
+                 f"{self.timing_s:.2f} s spent measuring/warming; tuned file {self.path}"
+                 + (f"; measuring grew device memory outside torch's allocator by {self.measure_memory[0] / 2**20:.0f}"
+                    f" MiB and torch's allocated peak by {self.measure_memory[1] / 2**20:.0f} MiB"
+                    if self.measured_now and self.measure_memory != [0, 0] else ""))
 
 
     def summary_lines(self) -> list[str]:
@@ -335,6 +345,18 @@ def time_on_device(calls: dict, copies: int = 1, *, reps: int = 7, min_calls: in
             times[name].append(start.elapsed_time(end) * 1e3 / n_calls)
     del runners
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def memory_mark() -> tuple[int, int] | None:
+    """(bytes the GPU uses outside torch's allocator, torch's peak of allocated bytes), or None without a GPU: what
+    vLLM's memory profile counts besides the weights (a measurement that grows either before the KV cache is sized
+    takes KV blocks; a start with a tuned file measures nothing)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved(), torch.cuda.memory_stats().get("allocated_bytes.all.peak", 0)
 
 
 def l2_copies(weight_bytes: int, l2_bytes: int, max_copies: int = 64) -> int:
