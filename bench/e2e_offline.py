@@ -136,7 +136,9 @@ def main() -> int:
                          "each length's first request, the timed requests; the lines go to compile-log-NAME.txt")
     ap.add_argument("--require-warm-start", action="store_true",
                     help="with --compile-log: exit 1 (one line per configuration) if anything compiled or looked up "
-                         "an autotuning result after the engine was up (patch 0009's promise)")
+                         "an autotuning result after the engine was up (patch 0009's promise); with several "
+                         "configurations the first, the ratios' baseline (0.18.1 in the plans, whose first request "
+                         "compiles by design), is not held to it: its compiles stay in the table")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -270,16 +272,17 @@ def main() -> int:
         results.append(res)
         md = write(results)
     print(md, flush=True)
-    late = late_work(results) if args.require_warm_start else []
+    late = late_work(results, exempt_baseline=True) if args.require_warm_start else []
     for line in late:
         print(f"e2e_offline: {line}", file=sys.stderr)
     return 0 if all(not r.get("failed") for r in results) and not late else 1
 
 
-def late_work(results: list[dict]) -> list[str]:
-    """One line per configuration that compiled or looked up an autotuning result after its engine was up."""
+def late_work(results: list[dict], exempt_baseline: bool = False) -> list[str]:
+    """One line per configuration that compiled or looked up an autotuning result after its engine was up;
+    exempt_baseline: not the first of several (the ratios' baseline, see --require-warm-start)."""
     out = []
-    for r in results:
+    for r in results[1:] if exempt_baseline and len(results) > 1 else results:
         kernels = sorted(set(r.get("compiled_after_start", [])) | set(r.get("autotuned_after_start", [])))
         if kernels:
             out.append(f"{r['name']}: Triton work after start: {', '.join(kernels)}")
