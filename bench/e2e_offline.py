@@ -188,7 +188,7 @@ def main() -> int:
         except Exception:
             pass
         cmd = "bash ci/gpu/run.sh python -m bench.e2e_offline " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        stem = f"{datetime.date.today().isoformat()}-{gpu.lower().replace('nvidia ', '').replace(' ', '-')}-e2e-offline"
+        stem = f"{datetime.date.today().isoformat()}-{results_io.device_tag(gpu)}-e2e-offline"
         doc = dict(command=cmd, gpu=gpu, layers=args.layers, out_tokens=args.out_tokens, results=results)
         results_io.write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
         base = results[0] if not results[0].get("failed") else None

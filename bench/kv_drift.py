@@ -170,8 +170,8 @@ def main(argv=None) -> int:
         pass
     command = "bash ci/gpu/run.sh python bench/kv_drift.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     doc, lines = build_report(command, gpu, args, specs, runs, failed)
-    stem = f"{datetime.date.today().isoformat()}-{gpu.lower().replace('nvidia ', '').replace(' ', '-')}-kv-drift"
     from kernels import results_io  # the repository is on the path (pytest, ci/gpu/run.sh)
+    stem = f"{datetime.date.today().isoformat()}-{results_io.device_tag(gpu)}-kv-drift"
     md = results_io.write_result_pair(args.out, stem, doc, lines)
     print(md.read_text(), flush=True)
     return 0 if not failed and specs[0]["name"] in runs else 1

@@ -10,6 +10,11 @@ from pathlib import Path
 from .atomic_file import write_via_temp
 
 
+def device_tag(device_name: str) -> str:
+    """A device's name as results files spell it: "NVIDIA H100 80GB HBM3" -> "h100-80gb-hbm3"."""
+    return device_name.lower().replace("nvidia ", "").replace(" ", "-")
+
+
 def write_text(path, text):
     """Write ``text`` to ``path`` atomically (same folder temp file, then ``os.replace``)."""
 

@@ -505,3 +505,11 @@ def test_e2e_offline_names_the_configurations_that_compiled_after_start():
     assert mod.late_work(results, exempt_baseline=True) == ["cold: Triton work after start: fla.k1, fla.k2"]
     assert mod.late_work(results[1:], exempt_baseline=True) == ["cold: Triton work after start: fla.k1, fla.k2"]
 
+
+
+def test_results_files_spell_a_device_as_the_committed_results_do():
+    """e2e_offline, kv_drift and the real model's engine route name their files with one helper."""
+    from kernels.results_io import device_tag
+
+    assert device_tag("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+    assert device_tag("NVIDIA H200") == "h200"

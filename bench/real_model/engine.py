@@ -234,9 +234,9 @@ def main(argv) -> int:
                         if max((r["exact_match"] for r in base[t].values()), default=0) < args.min_bf16_em]
     import torch
 
-    # "NVIDIA H100 80GB HBM3" -> h100-80gb-hbm3, as bench.e2e_offline names its files
-    gpu = (torch.cuda.get_device_name(0).lower().replace("nvidia ", "").replace(" ", "-")
-           if torch.cuda.is_available() else "gpu")
+    from kernels.results_io import device_tag
+
+    gpu = device_tag(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else "gpu"
     command = "python -m bench.real_model engine " + " ".join(shlex.quote(a) for a in argv)
     docs = compare(work, names, args.contexts, args.windows)
     for backend, doc in docs.items():
