@@ -50,7 +50,7 @@ def divergence(model, prompt: list[int], kv: str, new_tokens: int, eos: int | No
 def flipped(prompts: list[dict], ref_answers: list[str], kv_answers: list[str]) -> list[int]:
     """The prompts whose exact match differs between the two lists of answers (right with one, wrong with the other)."""
     return [i for i, (p, a, b) in enumerate(zip(prompts, ref_answers, kv_answers))
-            if (tasks.first_number(a) == p["answer"]) != (tasks.first_number(b) == p["answer"])]
+            if tasks.is_right(p, a) != tasks.is_right(p, b)]
 
 
 def run(model, tok, text: str, results: dict, kv: str, log) -> list[dict]:
@@ -67,7 +67,7 @@ def run(model, tok, text: str, results: dict, kv: str, log) -> list[dict]:
                 answers = {k: res[k]["answers"][i] for k in (REF, kv)}
                 d = divergence(model, p["ids"], kv, 24, eos)
                 rows.append(dict(task=task, context=int(ctx), prompt=i, answer=p["answer"], answers=answers,
-                                 right={k: tasks.first_number(a) == p["answer"] for k, a in answers.items()},
+                                 right={k: tasks.is_right(p, a) for k, a in answers.items()},
                                  divergence=d, ref_token=tok.decode([d["ref_token"]]) if d else None,
                                  kv_token=tok.decode([d["kv_token"]]) if d else None))
                 log(f"{task} {ctx} prompt {i}: " + (f"parts at step {d['step']}, bf16 margin {d['ref_margin']:.3f}"

@@ -168,6 +168,11 @@ def first_number(text: str) -> str | None:
     return m.group(0) if m else None
 
 
+def is_right(prompt: dict, text: str) -> bool:
+    """Exact match: the answer's first number is the prompt's."""
+    return first_number(text) == prompt["answer"]
+
+
 def score_answers(prompts: list[dict], texts: list[str]) -> dict:
-    hits = [first_number(t) == p["answer"] for p, t in zip(prompts, texts)]
+    hits = [is_right(p, t) for p, t in zip(prompts, texts)]
     return dict(exact_match=sum(hits) / len(hits), hits=sum(hits), n=len(hits))
