@@ -143,9 +143,9 @@ class DispatchTable:
         self.entries: dict[str, dict[int, dict]] = {}
         self.frozen = False
         self.timing_s = 0.0  # time spent measuring and warming (first start) or warming (cached)
-        # what measuring left on the device (outside torch's allocator, torch's peak of allocated bytes), bytes: vLLM's
-        # memory profile counts both when the measurement runs before the KV cache is sized
-        self.measure_memory = [0, 0]
+        # bytes measuring added outside torch's allocator and to torch's peak of allocated bytes: vLLM's memory
+        # profile counts both when the measurement runs before the KV cache is sized
+        self.measured_outside_torch = self.measured_peak_growth = 0
         self._cached: dict | None = None  # the tuned file's gemv entries, read on first need
         self.why: dict[str, str] = {}  # shape id -> why it runs on the platform GEMM (fallback, late shape)
         self.measured_now: set[str] = set()  # shapes measured in this process (not in the tuned file)
@@ -230,8 +230,8 @@ class DispatchTable:
                                 "platform_us": _us(p_us)}
                 after = memory_mark()
                 if mark is not None and after is not None:
-                    self.measure_memory[0] += after[0] - mark[0]
-                    self.measure_memory[1] += max(0, after[1] - mark[1])
+                    self.measured_outside_torch += after[0] - mark[0]
+                    self.measured_peak_growth += max(0, after[1] - mark[1])
                 how = "measured"
                 self.measured_now.add(key.id)
                 self._save(key, entry)
@@ -265,9 +265,10 @@ class DispatchTable:
         self.log(f"dcu-gemv: table complete ({self.mode}): {len(self.entries)} shapes, the Triton GEMV in "
                  f"{pairs.count('triton')} of {len(pairs)} (shape, row bucket) pairs; "
                  f"{self.timing_s:.2f} s spent measuring/warming; tuned file {self.path}"
-                 + (f"; measuring grew device memory outside torch's allocator by {self.measure_memory[0] / 2**20:.0f}"
-                    f" MiB and torch's allocated peak by {self.measure_memory[1] / 2**20:.0f} MiB"
-                    if self.measured_now and self.measure_memory != [0, 0] else ""))
+                 + (f"; measuring grew device memory outside torch's allocator by "
+                    f"{self.measured_outside_torch / 2**20:.0f} MiB and torch's allocated peak by "
+                    f"{self.measured_peak_growth / 2**20:.0f} MiB"
+                    if self.measured_outside_torch or self.measured_peak_growth else ""))
 
 
     def summary_lines(self) -> list[str]:
