@@ -61,7 +61,7 @@ def greedy_section(model, ids, kvs, count, prompt_len, new_tokens, log, eos=None
     return out
 
 
-def answer_section(model, tok, prompts, kvs, log, label, new_tokens=24) -> dict:
+def answer_section(model, tok, prompts, kvs, log, label, new_tokens=tasks.ANSWER_TOKENS) -> dict:
     out = {}
     eos = tok.convert_tokens_to_ids(tasks.END_OF_TURN)
     for kv in kvs:

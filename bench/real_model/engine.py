@@ -37,7 +37,6 @@ from . import fetch, report, tasks
 REPO = Path(__file__).resolve().parents[2]
 TOPK = 20
 MAX_LEN = 8192
-ANSWER_TOKENS = 24
 FIXED_KV_UTILIZATION = 0.05
 
 
@@ -102,8 +101,8 @@ def worker(cfg: dict) -> None:
         meta[task] = {}
         for c in cfg["retrieval_contexts"] if task not in cfg.get("skip", ()) else ():
             ps = tasks.retrieval_prompts(tok, paras, c, cfg["retrieval_n"], task=task,
-                                         max_tokens=MAX_LEN - ANSWER_TOKENS)
-            res = gen([p["ids"] for p in ps], SamplingParams(max_tokens=ANSWER_TOKENS, temperature=0.0,
+                                         max_tokens=MAX_LEN - tasks.ANSWER_TOKENS)
+            res = gen([p["ids"] for p in ps], SamplingParams(max_tokens=tasks.ANSWER_TOKENS, temperature=0.0,
                                                              stop_token_ids=[eos]))
             texts = [r.outputs[0].text for r in res]
             meta[task][str(c)] = dict(tasks.score_answers(ps, texts), answers=texts)

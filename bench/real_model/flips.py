@@ -65,7 +65,7 @@ def run(model, tok, text: str, results: dict, kv: str, log) -> list[dict]:
             for i in flipped(prompts, res[REF]["answers"], res[kv]["answers"]):
                 p = prompts[i]
                 answers = {k: res[k]["answers"][i] for k in (REF, kv)}
-                d = divergence(model, p["ids"], kv, 24, eos)
+                d = divergence(model, p["ids"], kv, tasks.ANSWER_TOKENS, eos)
                 rows.append(dict(task=task, context=int(ctx), prompt=i, answer=p["answer"], answers=answers,
                                  right={k: tasks.is_right(p, a) for k, a in answers.items()},
                                  divergence=d, ref_token=tok.decode([d["ref_token"]]) if d else None,

@@ -106,6 +106,7 @@ def _pairs(rng: random.Random, count: int) -> list[tuple[str, str]]:
 
 
 END_OF_TURN = "<|im_end|>"  # the instruct chat template's end of an answer: greedy answers stop there
+ANSWER_TOKENS = 24  # a retrieval / aggregation answer's greedy tokens, on every route (and flips, which replays them)
 
 
 def filler_paragraphs(text: str) -> list[str]:
