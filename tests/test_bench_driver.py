@@ -495,8 +495,9 @@ def test_e2e_offline_counts_autotune_lookups_per_phase_and_keeps_the_diag_lines(
 
 def test_e2e_offline_names_the_configurations_that_compiled_after_start():
     mod = _e2e_offline()
-    results = [dict(name="warm", compiled_after_start=[], autotuned_after_start=[]),
-               dict(name="cold", compiled_after_start=["fla.k2", "fla.k1"], autotuned_after_start=["fla.k1"])]
+    results = [dict(name="warm", variant="base", compiled_after_start=[], autotuned_after_start=[]),
+               dict(name="cold", variant="full", compiled_after_start=["fla.k2", "fla.k1"],
+                    autotuned_after_start=["fla.k1"])]
     assert mod.late_work(results) == ["cold: Triton work after start: fla.k1, fla.k2"]
     assert mod.late_work(results[:1]) == []
     # --require-warm-start holds every configuration but the baseline (0.18.1 compiles at its first request by design:
@@ -504,6 +505,12 @@ def test_e2e_offline_names_the_configurations_that_compiled_after_start():
     assert mod.late_work(results[::-1], exempt_baseline=True) == []
     assert mod.late_work(results, exempt_baseline=True) == ["cold: Triton work after start: fla.k1, fla.k2"]
     assert mod.late_work(results[1:], exempt_baseline=True) == ["cold: Triton work after start: fla.k1, fla.k2"]
+    # ... and its repeat (the H200's tuned-start run exited 1 naming base-2's kernels), not another setup that compiled
+    base = dict(variant="base", backend="TRITON_ATTN", kv="auto", env={})
+    runs = [dict(base, name="base", compiled_after_start=["fla.k1"]), dict(base, name="tuned", variant="full"),
+            dict(base, name="base-2", compiled_after_start=["fla.k1"]),
+            dict(base, name="base-int8", kv="int8_per_token_head", compiled_after_start=["fla.k1"])]
+    assert mod.late_work(runs, exempt_baseline=True) == ["base-int8: Triton work after start: fla.k1"]
 
 
 
