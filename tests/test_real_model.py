@@ -118,7 +118,7 @@ def test_parts_split_and_join_roundtrip(tmp_path, monkeypatch):
         parts.join(dirs[0], store)
 
 
-def test_engine_compare_reads_worker_files(tmp_path):
+def test_engine_compare_reads_worker_files(tmp_path, monkeypatch):
     """Two fake workers: identical top-k except one position; perplexity from the targets, top-1 from rank 1."""
     ids = np.arange(5)
     top_ids = np.tile(np.arange(20), (5, 1))
@@ -134,7 +134,24 @@ def test_engine_compare_reads_worker_files(tmp_path):
         meta = dict(greedy=[[1, 2, 3]] if not swap else [[1, 2, 4]], retrieval={"5": dict(exact_match=1.0)},
                     aggregation={})
         (d / "meta.json").write_text(json.dumps(meta))
+    reads = []
+    real_load = np.load
+
+    class Counted:  # an NpzFile decompresses an array from its zip on every ["key"]
+        def __init__(self, path):
+            self.npz = real_load(path)
+
+        def keys(self):
+            return self.npz.keys()
+
+        def __getitem__(self, key):
+            reads.append(key)
+            return self.npz[key]
+
+    monkeypatch.setattr(np, "load", Counted)
     docs = engine.compare(tmp_path, {"B": {"auto": "a", "int8_per_token_head": "b"}}, [5], 1)
+    # each window file's arrays read once, not once per position (the H200's 8K windows: minutes, per dtype)
+    assert len(reads) <= 4 * 4, reads
     per = docs["B"]["sections"]["perplexity"]["5"]
     assert per["int8_per_token_head"]["ppl_ratio"] == pytest.approx(np.exp(-2 * target[:4].mean())
                                                                      / np.exp(-target[:4].mean()), rel=1e-5)

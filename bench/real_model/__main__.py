@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import fetch
+from . import fetch, tasks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,7 +137,7 @@ def cmd_verify(args) -> int:
 
     import torch
 
-    from . import convert, tasks, verify
+    from . import convert, verify
 
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(args.hf_dir) if args.hf_dir else convert.convert(fetch.gguf_path(), Path(tmp) / "hf")
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     c.add_argument("--retrieval-contexts", type=_ints, default=[1024])
     c.add_argument("--retrieval-n", type=int, default=16)
     c.add_argument("--tasks", type=_tasks, default=list(TASKS), help="comma list of retrieval, aggregation; or none")
-    c.add_argument("--min-bf16-em", type=float, default=0.5,
+    c.add_argument("--min-bf16-em", type=float, default=tasks.MIN_BF16_EXACT_MATCH,
                    help="drop a retrieval/aggregation cell whose bf16 exact match is below this")
     c.add_argument("--kernel-tokens", type=int, default=64, help="0: skip the kernel route")
     c.add_argument("--kernel-windows", type=int, default=1)

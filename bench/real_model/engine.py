@@ -152,8 +152,9 @@ def compare(run_dir: Path, names: dict, contexts, windows) -> dict:
             for kv in metas:
                 ms, ppls = [], []
                 for w in range(windows):
-                    ref = np.load(run_dir / kvs["auto"] / f"ppl-{c}-{w}.npz")
-                    oth = np.load(run_dir / kvs[kv] / f"ppl-{c}-{w}.npz")
+                    # dict(): an NpzFile reads an array from its zip on every ["key"] (once per position here)
+                    ref = dict(np.load(run_dir / kvs["auto"] / f"ppl-{c}-{w}.npz"))
+                    oth = dict(np.load(run_dir / kvs[kv] / f"ppl-{c}-{w}.npz"))
                     ms.append(window_metrics_topk(ref, oth))
                     ppls.append(math.exp(-float(oth["target"][:-1].mean())))
                 per[kv] = dict(tasks.pool(ms), window_ppl=ppls)
@@ -188,7 +189,7 @@ def main(argv) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--retrieval-contexts", type=_ints, default=[2048, 4096, 8192])
     ap.add_argument("--retrieval-n", type=int, default=64)
-    ap.add_argument("--min-bf16-em", type=float, default=0.5,
+    ap.add_argument("--min-bf16-em", type=float, default=tasks.MIN_BF16_EXACT_MATCH,
                     help="drop a task (retrieval / aggregation) for the 8-bit dtypes when bf16's best exact match "
                          "over the contexts is below this")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
