@@ -62,11 +62,14 @@ PARAMS = {
     # a 16-token chunk after 16K-32K of history, int8 by dim 1.05-1.08x bf16's time at 16x64, 8 warps, 2 stages
     # (int8 products; no spills) against 2.37-2.41x before V by dim and 4.8-5.2x at 128x32 (int8 products: 888 B of
     # spills) or 64x32; 32x64 1.32-1.35x, 16x32 x 4 warps 1.53-1.59x; software fp8 1.10-1.12x against 2.38-2.43x
+    # kv8_short BLOCK_N 64 -> 128, 2026-12-05 (bench/results/2026-12-05-h200-tuned-start.md): the tuning command's
+    # uncapped --full, after the 8-bit window-load fix, took 0.70x the time of 16x64 (497 against 712 us, geomean of
+    # int8 and fp8 at 16 rows after 16K); prefill GPU tests with it: 42 passed (H100, 2026-12-05)
     "sm90": {
         "measured": True,
         "kv16": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
         "kv8": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 3},
-        "kv8_short": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+        "kv8_short": {"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
     },
     "gfx936": _DCU,
     "gfx928": _DCU,
