@@ -65,10 +65,17 @@ def compiles_by_phase(stderr: str, event: str = "triton-compile") -> dict:
     return out
 
 
+# engine log lines kept with --compile-log (logged at INFO): the decision table at start, the GEMV table's summary
+# (time and memory its measurement took) and the KV size vLLM chose after its profile
+ENGINE_LINES = ("[decisions.py", "dcu-gemv: table complete", "GPU KV cache size")
+
+
 def diag_lines(stderr: str) -> str:
-    """The phase markers and ci/gpu/diag's lines of a worker's stderr (kept beside the results with --compile-log)."""
+    """The phase markers, ci/gpu/diag's lines and ENGINE_LINES of a worker's output (kept beside the results with
+    --compile-log)."""
     keep = ("e2e-phase ", "triton-compile ", "triton-autotune ")
-    return "".join(line + "\n" for line in stderr.splitlines() if line.startswith(keep))
+    return "".join(line + "\n" for line in stderr.splitlines()
+                   if line.startswith(keep) or any(m in line for m in ENGINE_LINES))
 
 
 def worker(cfg: dict) -> None:
@@ -244,6 +251,7 @@ def main() -> int:
         env.update(cfg["env"])
         if args.compile_log:
             env["PYTHONPATH"] = os.pathsep.join([str(REPO / "ci" / "gpu" / "diag"), env["PYTHONPATH"]])
+            env["VLLM_LOGGING_LEVEL"] = "INFO"  # the ENGINE_LINES
         t = time.perf_counter()
         stderr = ""
         try:
@@ -268,7 +276,7 @@ def main() -> int:
             res["autotunes"] = {k: len(v) for k, v in tunes.items()}
             res["autotuned_after_start"] = sorted({k for ph, ks in tunes.items() if ph != "start" for k in ks})
         if args.compile_log:
-            results_io.write_text(out / f"compile-log-{cfg['name']}.txt", diag_lines(stderr))
+            results_io.write_text(out / f"compile-log-{cfg['name']}.txt", diag_lines(text))  # vLLM logs to stdout
         results.append(res)
         md = write(results)
     print(md, flush=True)

@@ -485,12 +485,18 @@ def test_e2e_offline_counts_autotune_lookups_per_phase_and_keeps_the_diag_lines(
         "e2e-phase first-request-4096",
         "triton-compile pid=1 t=2.0 s=0.50 kernel=fla.ops.chunk_fwd_h constexprs={} spec=T: i32",
         "triton-autotune pid=1 t=2.5 kernel=fla.ops.chunk_o.k disk=hit key=(48, 128)",
+        "INFO 12-05 14:15:03 [kv_cache_utils.py:1318] GPU KV cache size: 372,816 tokens",
+        "INFO 12-05 14:15:04 [decisions.py:192]   gemv 576x576:bfloat16  1 row ours 0.73x (tuned file)",
+        "INFO 12-05 14:15:04 [dispatch.py:301] dcu-gemv: table complete (auto): 5 shapes; measuring grew ...",
+        "INFO 12-05 14:15:04 [core.py:284] init engine (profile, create kv cache, warmup model) took 2.17 seconds",
     ])
     assert mod.compiles_by_phase(stderr, "triton-autotune") == {"start": ["fla.ops.cumsum.k"],
                                                                 "first-request-4096": ["fla.ops.chunk_o.k"]}
     assert mod.compiles_by_phase(stderr) == {"start": [], "first-request-4096": ["fla.ops.chunk_fwd_h"]}
     kept = mod.diag_lines(stderr).splitlines()
-    assert len(kept) == 4 and "INFO engine started" not in kept and kept[1] == "e2e-phase first-request-4096"
+    assert len(kept) == 7 and "INFO engine started" not in kept and kept[1] == "e2e-phase first-request-4096"
+    # the engine's decision table, the GEMV summary and the KV size (what explains a start's KV blocks), no other INFO
+    assert [line.split("] ", 1)[1][:14] for line in kept[4:]] == ["GPU KV cache s", "  gemv 576x576", "dcu-gemv: tabl"]
 
 
 def test_e2e_offline_names_the_configurations_that_compiled_after_start():
