@@ -270,3 +270,23 @@ def test_the_rehearsal_sweeps_the_dcu_8bit_candidates_and_each_matches_upstream(
     new += ["sm90's kv8 options", "sm90's kv8 options, int8 2 stages"]
     for label in new:
         assert "us" in got[label] and "failed" not in got[label] and "skipped" not in got[label], got[label]
+
+
+def test_prefill_decides_by_total_time_decode_by_the_geomean(tune):
+    # the gfx936 rehearsal on the H200 (2026-12-05): the DCU's bf16 prefill tile took 0.50x upstream's time on a
+    # 4096-token chunk and 2.01x on a 16-token one; the geomean (1.00x) gave prefill to upstream, though a prompt's
+    # prefill is the sum of its chunks and ours halves it. Decode keeps the geomean (a batch of 1 counts as one of 16).
+    from vllm.dcu.tune import attention, report
+    from vllm.dcu.tune.common import Side
+
+    times = dict(cases=["4096 after 16K", "16 after 16K"], ours_us=[5000.0, 402.0], upstream_us=[10000.0, 200.0])
+    prefill = report.decide(Side("prefill.bf16", by_total_time=True, **times))
+    assert prefill["use"] == "ours" and prefill["ratio"] == pytest.approx(5402 / 10200, abs=1e-4)
+    assert "(total time; per case 0.50x / 2.01x)" in prefill["why"]
+    decode = report.decide(Side("decode.bf16", **times))
+    assert decode["use"] == "upstream" and decode["ratio"] == pytest.approx(1.0025, abs=1e-4)
+    assert "(geomean of 0.50x / 2.01x)" in decode["why"]
+    model = shapes.ModelShapes("toy", 4, 2, 32, {"bf16": 32, "fp8": 32, "int8": 32}, ())
+    cases = shapes.Cases(decode=((2, 80),), prefill=((40, 64),), prefill_short=((40, 2),), kv_write=())
+    assert attention.prefill_family(model, cases, torch.device("cpu")).by_total_time
+    assert not attention.decode_family(model, cases, torch.device("cpu")).by_total_time

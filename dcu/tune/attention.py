@@ -161,7 +161,8 @@ def prefill_family(shapes, cases, dev) -> Family:
         validate=lambda text: prefill_params.get_params(target, override=text), cases=built,
         widths={"kv16": (["prefill.bf16", "prefill.int8", "prefill.fp8"], "main"),
                 "kv8_short": (["prefill.int8", "prefill.fp8"], "short")},
-        candidates=lambda w: candidates.prefill_candidates(prefill_params.get_params(target, ""), w, rocm))
+        candidates=lambda w: candidates.prefill_candidates(prefill_params.get_params(target, ""), w, rocm),
+        by_total_time=True)
 
 
 def run(kind: str, shapes, cases, dev, full: bool, rows: list, log):

@@ -124,11 +124,14 @@ class Side:
     failure: str | None = None  # Failed.why
     launch: str = "table"  # which launch ours ran with
     errors: list = dataclasses.field(default_factory=list)  # compare()'s numbers per case
+    by_total_time: bool = False  # ratio of summed times instead of the geomean of per-case ratios (sweep.Family)
 
     @property
     def ratio(self) -> float | None:
         if self.failure or not self.ours_us or not self.upstream_us:
             return None
+        if self.by_total_time:
+            return sum(self.ours_us) / sum(self.upstream_us)
         return geomean(o / u for o, u in zip(self.ours_us, self.upstream_us))
 
 

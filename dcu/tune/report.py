@@ -15,7 +15,8 @@ def decide(side: Side, upstream_name: str = "upstream") -> dict:
         return {"use": "upstream", "ratio": None, "why": "not measured"}
     per_case = " / ".join(f"{o / u:.2f}x" for o, u in zip(side.ours_us, side.upstream_us))
     where = ", ".join(side.cases)
-    detail = f"at {where}" + (f" (geomean of {per_case})" if len(side.cases) > 1 else "")
+    how = "total time; per case" if side.by_total_time else "geomean of"
+    detail = f"at {where}" + (f" ({how} {per_case})" if len(side.cases) > 1 else "")
     if side.launch != "table":
         detail += ", chosen launch"
     if ratio < 1.0:

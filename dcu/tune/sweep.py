@@ -50,6 +50,10 @@ class Family:
     cases: dict  # launch kind path ("decode.bf16", ...) -> {"main": [Case], "short": [Case]}
     widths: dict  # width -> (launch kind paths, which case list)
     candidates: Callable  # width -> [(label, override)]
+    # how a launch kind's cases add up to its decision: False, the geomean of ours / upstream per case (decode: a batch
+    # of 1 counts as much as one of 16); True, total time over total time (prefill: a prompt's prefill is the sum of
+    # its chunks, so a 16-token chunk's 2x must not outvote a 4096-token chunk's 0.5x)
+    by_total_time: bool = False
 
 
 def _validate(family: Family, override: dict) -> str | None:
@@ -109,7 +113,7 @@ def final_sides(family: Family, override: dict, rows: list) -> list:
         for path, lists in family.cases.items():
             cases = lists["main"] + lists.get("short", [])
             side = Side(path, [c.label for c in cases], ours_us=[], upstream_us=[],
-                        launch="chosen" if override else "table")
+                        launch="chosen" if override else "table", by_total_time=family.by_total_time)
             for case in cases:
                 try:
                     side.errors.append(case.check())
