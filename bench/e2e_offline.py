@@ -70,11 +70,11 @@ def compiles_by_phase(stderr: str, event: str = "triton-compile") -> dict:
 ENGINE_LINES = ("[decisions.py", "dcu-gemv: table complete", "GPU KV cache size")
 
 
-def diag_lines(stderr: str) -> str:
+def diag_lines(output: str) -> str:
     """The phase markers, ci/gpu/diag's lines and ENGINE_LINES of a worker's output (kept beside the results with
     --compile-log)."""
     keep = ("e2e-phase ", "triton-compile ", "triton-autotune ")
-    return "".join(line + "\n" for line in stderr.splitlines()
+    return "".join(line + "\n" for line in output.splitlines()
                    if line.startswith(keep) or any(m in line for m in ENGINE_LINES))
 
 
