@@ -12,8 +12,6 @@ position (the attention sink) separately. Writes ``<date>-cpu-real-model-analysi
 """
 from __future__ import annotations
 
-import datetime
-import json
 import math
 from pathlib import Path
 
@@ -117,8 +115,4 @@ def markdown(doc: dict, command: str) -> str:
 def run(model, tok, text: str, tokens: int, window: int, out_dir: Path, command: str) -> Path:
     ids = torch.tensor(tasks.windows(tasks.tokenize(tok, text), tokens, window + 1)[window])
     doc = dict(analyze(model, ids), command=command)
-    stem = f"{datetime.date.today().isoformat()}-cpu-real-model-analysis"
-    report.write_atomic(out_dir / f"{stem}.json", json.dumps(doc, indent=1) + "\n")
-    md = out_dir / f"{stem}.md"
-    report.write_atomic(md, markdown(doc, command))
-    return md
+    return report.write_pair(out_dir, "cpu-real-model-analysis", doc, markdown(doc, command))

@@ -46,7 +46,11 @@ def cache_dir() -> Path:
     return tuned_file.cache_dir() / "real-model"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """``path`` written whole or not at all (kernels/atomic_file.py), readable by all (0644): the cache's files and the
+    real-model results."""
+    data = data.encode() if isinstance(data, str) else data
+
     def write(tmp):
         Path(tmp).write_bytes(data)
         os.chmod(tmp, 0o644)
@@ -159,7 +163,7 @@ def text_path() -> Path:
         if len(debs) != 1:
             raise FetchError(f"apt-get download {TEXT_PACKAGE} gave {len(debs)} files, expected one .deb")
         text = text_from_deb(debs[0].read_bytes())
-    _write_atomic(path, text.encode())
+    write_atomic(path, text)
     return path
 
 

@@ -14,14 +14,12 @@ in --out (default bench/results/).
 """
 from __future__ import annotations
 
-import datetime
-import json
 from pathlib import Path
 
 import torch
 
 from . import tasks
-from .report import REF, write_atomic
+from .report import REF, write_pair
 
 FILE_TAG = {"int8_per_token_head": "int8-pth", "fp8_per_token_head": "fp8-pth", "fp8": "fp8-per-tensor"}
 
@@ -95,8 +93,5 @@ def markdown(rows: list[dict], kv: str, command: str) -> str:
 
 
 def write(rows: list[dict], kv: str, command: str, out_dir: Path) -> Path:
-    stem = f"{datetime.date.today().isoformat()}-cpu-real-model-flips-{FILE_TAG[kv]}"
-    write_atomic(out_dir / f"{stem}.json", json.dumps(dict(command=command, kv=kv, rows=rows), indent=1) + "\n")
-    md = out_dir / f"{stem}.md"
-    write_atomic(md, markdown(rows, kv, command))
-    return md
+    return write_pair(out_dir, f"cpu-real-model-flips-{FILE_TAG[kv]}", dict(command=command, kv=kv, rows=rows),
+                      markdown(rows, kv, command))

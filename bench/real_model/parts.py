@@ -66,7 +66,7 @@ def join(part_dir: Path, store: Path) -> str:
     os.replace(tmp, store / f"{index}.part")
     if (part_dir / TEXT).is_file():
         text = gzip.decompress((part_dir / TEXT).read_bytes())
-        fetch._write_atomic(fetch.cache_dir() / fetch.TEXT_NAME, text)
+        fetch.write_atomic(fetch.cache_dir() / fetch.TEXT_NAME, text)
     have = sorted(int(p.stem) for p in store.glob("*.part"))
     if have != list(range(1, parts + 1)):
         return f"parts: holding {len(have)}/{parts} parts of {manifest['name']} in {store}"

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from .fetch import write_atomic
 
 REF = "auto"
 NAMES = {"auto": "bf16", "int8_per_token_head": "int8_per_token_head", "fp8_per_token_head": "fp8_per_token_head",
          "fp8": "fp8 per-tensor (0.18.1, scale 1.0)"}
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+def write_pair(out_dir: Path, what: str, doc: dict, md_text: str) -> Path:
+    """``<out_dir>/<date>-<what>.json`` (``doc``) and ``.md`` (``md_text``), each whole or not at all; the .md path."""
+    stem = f"{datetime.date.today().isoformat()}-{what}"
+    write_atomic(out_dir / f"{stem}.json", json.dumps(doc, indent=1) + "\n")
+    md = out_dir / f"{stem}.md"
+    write_atomic(md, md_text)
+    return md
 
 
 def _em(section: dict, kv: str) -> str:
@@ -117,8 +117,4 @@ def markdown(doc: dict, title: str) -> str:
 
 
 def write(doc: dict, out_dir: Path, what: str, title: str) -> Path:
-    stem = f"{datetime.date.today().isoformat()}-{what}"
-    write_atomic(out_dir / f"{stem}.json", json.dumps(doc, indent=1) + "\n")
-    md = out_dir / f"{stem}.md"
-    write_atomic(md, markdown(doc, title))
-    return md
+    return write_pair(out_dir, what, doc, markdown(doc, title))
